@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test that this machine can run:
+#   the CPU test suite (ctest, label cpu), the same threaded tests under ThreadSanitizer, and the
+#   GPU suite (label gpu) when a GPU is present. Without a GPU the CUDA sources are still compiled.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh build
+JOBS=$(nproc)
+
+echo "== ctest (cpu) =="
+ctest --test-dir build -L cpu --output-on-failure -j "$JOBS"
+
+echo "== ctest (cpu, ThreadSanitizer) =="
+TILELINK_CMAKE_ARGS="-DTILELINK_TSAN=ON" bash scripts/setup.sh build-tsan >/dev/null
+TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan -L tsan --output-on-failure -j "$JOBS"
+
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "== ctest (gpu) =="
+  ctest --test-dir build -L gpu --output-on-failure
+else
+  echo "== no GPU here: CUDA sources compiled, GPU tests (label gpu) not run =="
+fi

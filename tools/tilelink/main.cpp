@@ -1,0 +1,163 @@
+// tilelink: run, check, benchmark and inspect tile-centric overlapped ops.
+#include <cstdio>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::cli {
+
+namespace {
+std::vector<Command>& registry() {
+  static std::vector<Command> r;
+  return r;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::istringstream is(s);
+  std::vector<std::string> out;
+  for (std::string w; is >> w;) out.push_back(w);
+  return out;
+}
+
+void print_usage(FILE* f) {
+  std::fprintf(f, "usage: tilelink <command> [options]\n\ncommands:\n");
+  for (const Command& c : registry())
+    std::fprintf(f, "  %-18s %s\n      %s\n", c.path.c_str(), c.summary.c_str(), c.usage.c_str());
+}
+}  // namespace
+
+bool register_command(Command c) {
+  registry().push_back(std::move(c));
+  return true;
+}
+const std::vector<Command>& commands() { return registry(); }
+
+Args::Args(std::vector<std::string> words, std::vector<std::string> flag_names) {
+  auto is_flag = [&](const std::string& n) {
+    for (const auto& f : flag_names)
+      if (f == n) return true;
+    return false;
+  };
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w.size() > 1 && w[0] == '-' && !(w[1] >= '0' && w[1] <= '9')) {
+      std::string name = w;
+      std::string value;
+      if (auto eq = w.find('='); eq != std::string::npos) {
+        name = w.substr(0, eq);
+        value = w.substr(eq + 1);
+      } else if (is_flag(name)) {
+        value = "1";
+      } else {
+        TL_REQUIRE(i + 1 < words.size(), "option " << name << " needs a value");
+        value = words[++i];
+      }
+      options_[name] = value;
+      used_[name] = false;
+    } else {
+      positional_.push_back(w);
+    }
+  }
+}
+
+std::string Args::get(const std::string& name, const std::string& fallback) {
+  auto it = options_.find(name);
+  if (it == options_.end()) return fallback;
+  used_[name] = true;
+  return it->second;
+}
+
+int64_t Args::get_int(const std::string& name, int64_t fallback) {
+  std::string v = get(name, "");
+  if (v.empty()) return fallback;
+  try {
+    size_t pos = 0;
+    int64_t x = std::stoll(v, &pos);
+    TL_REQUIRE(pos == v.size(), "");
+    return x;
+  } catch (...) {
+    TL_REQUIRE(false, "option " << name << " expects an integer, got '" << v << "'");
+  }
+  return fallback;
+}
+
+double Args::get_double(const std::string& name, double fallback) {
+  std::string v = get(name, "");
+  if (v.empty()) return fallback;
+  try {
+    size_t pos = 0;
+    double x = std::stod(v, &pos);
+    TL_REQUIRE(pos == v.size(), "");
+    return x;
+  } catch (...) {
+    TL_REQUIRE(false, "option " << name << " expects a number, got '" << v << "'");
+  }
+  return fallback;
+}
+
+bool Args::flag(const std::string& name) { return get(name, "") == "1"; }
+
+std::vector<int64_t> Args::get_int_list(const std::string& name, std::vector<int64_t> fallback) {
+  std::string v = get(name, "");
+  if (v.empty()) return fallback;
+  std::vector<int64_t> out;
+  std::stringstream ss(v);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      size_t pos = 0;
+      out.push_back(std::stoll(item, &pos));
+      TL_REQUIRE(pos == item.size(), "");
+    } catch (...) {
+      TL_REQUIRE(false, "option " << name << " expects a comma-separated list of integers, got '"
+                                   << v << "'");
+    }
+  }
+  return out;
+}
+
+void Args::finish() const {
+  for (const auto& [name, used] : used_)
+    TL_REQUIRE(used, "unknown option " << name << " (see `tilelink help`)");
+  (void)0;
+}
+
+}  // namespace tilelink::cli
+
+int main(int argc, char** argv) {
+  using namespace tilelink::cli;
+  std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.empty() || words[0] == "help" || words[0] == "--help" || words[0] == "-h") {
+    print_usage(words.empty() ? stderr : stdout);
+    return words.empty() ? 2 : 0;
+  }
+  // Longest command path that prefixes the words.
+  const Command* best = nullptr;
+  size_t best_len = 0;
+  for (const Command& c : registry()) {
+    auto path = split_words(c.path);
+    if (path.size() <= words.size() && path.size() > best_len &&
+        std::equal(path.begin(), path.end(), words.begin())) {
+      best = &c;
+      best_len = path.size();
+    }
+  }
+  if (!best) {
+    std::fprintf(stderr, "tilelink: unknown command '%s'\n\n", words[0].c_str());
+    print_usage(stderr);
+    return 2;
+  }
+  try {
+    Args args(std::vector<std::string>(words.begin() + best_len, words.end()), best->flags);
+    return best->fn(args);
+  } catch (const tilelink::Error& e) {
+    std::fprintf(stderr, "tilelink %s: error: %s\n", best->path.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tilelink %s: error: %s\n", best->path.c_str(), e.what());
+    return 1;
+  }
+}
