@@ -1,0 +1,88 @@
+// Hopper (sm_90a) GEMM tile engine: C[M, N] (+)= A[M, K] * B[N, K]^T, the compute half of every fused op.
+//
+// The engine is a persistent, warp-specialized kernel: one producer warp issues TMA loads into a
+// multi-stage shared-memory pipeline, two consumer warpgroups run wgmma on a 128x256 output tile with
+// fp32 accumulators and store the tile straight from registers. The grid walks the output tiles in a
+// core TileOrder (start_m rotation, group_m grouping), every block taking every num_blocks-th tile.
+//
+// Layouts: A is [M, K] row-major (row stride lda), B is [N, K] row-major (nn.Linear weight, row stride
+// ldb), C is [M, N] row-major (row stride ldc). Inputs bf16 or fp16 (both the same), output bf16, fp16
+// or fp32. Any M >= 0; N and K multiples of 8 (16-byte TMA rows); edges of every tile are clipped.
+//
+// Hooks (the link to the communication side; a template parameter of the kernel, see
+// impl/gemm_kernel.cuh to instantiate the engine with your own type):
+//
+//   struct MyHooks {
+//     static constexpr bool kWaits = true;     // false: before_tile_loads is never called
+//     static constexpr bool kNotifies = true;  // false: after_tile_stored is never called
+//     __device__ void before_tile_loads(TileCoord tile, Rect region);
+//     __device__ void after_tile_stored(TileCoord tile, Rect region);
+//   };
+//
+//   before_tile_loads: called by all 32 lanes of the load warp (converged) before the first TMA load
+//     of that output tile; it must return in every lane once the tile's inputs may be read (typically
+//     a bounded acquire spin on the tile's signal slots, at gpu or sys scope). The engine follows it
+//     with __syncwarp() and `fence.proxy.async.global`, so no TMA load is hoisted above the wait.
+//   after_tile_stored: called once per tile by one thread (lane 0 of a dedicated notify warp) after
+//     every epilogue store or reduction of that tile by every consumer thread is ordered before it
+//     (mbarrier arrive [release.cta] -> wait [acquire.cta]); a release store at gpu/sys scope made by
+//     the hook therefore publishes the whole tile. It runs off the consumers' critical path.
+//   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.
+//
+// Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
+// the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "tilelink/core/dtype.hpp"
+#include "tilelink/core/order.hpp"
+#include "tilelink/core/tile.hpp"
+
+namespace tilelink::compute::sm90 {
+
+enum class EpilogueMode : uint8_t { kStore, kReduceAdd };
+
+// The engine's output tile (the grid a fused op maps its signal slots onto).
+inline constexpr int kTileM = 128;
+inline constexpr int kTileN = 256;
+inline constexpr int kTileK = 64;
+
+struct GemmArgs {
+  const void* a = nullptr;  // [m, k], row stride lda
+  const void* b = nullptr;  // [n, k], row stride ldb
+  void* c = nullptr;        // [m, n], row stride ldc (may be a peer's memory)
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;  // 0: packed (k, k, n)
+  DType in_type = DType::kBF16;       // A and B
+  DType out_type = DType::kBF16;
+  EpilogueMode epilogue = EpilogueMode::kStore;
+  int num_sms = 0;  // blocks of the persistent grid (one per SM); 0: every SM of the device
+  int start_m = 0;  // TileOrder: first tile row visited
+  int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
+};
+
+// The output tile grid of a problem (the shape mapping of the engine's tiles).
+inline TileGrid gemm_tile_grid(int64_t m, int64_t n) { return TileGrid{m, n, kTileM, kTileN}; }
+
+// group_m heuristic: about twice as many tile rows as tile columns in one wave of resident tiles
+// (128x256 tiles make that footprint square), capped by the grid.
+int gemm_default_group_m(int64_t m, int64_t n, int num_blocks);
+
+// The tile order the engine walks for these arguments (after defaults are resolved).
+TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
+
+// Number of persistent blocks a launch with these arguments uses (min(num_sms, tiles)); checks num_sms.
+int gemm_num_blocks(const GemmArgs& args);
+
+// Checks every argument and throws tilelink::Error with a clear message before anything is launched:
+// null pointers, N or K not a multiple of 8, unsupported or mismatched dtypes, bad strides or
+// alignment, num_sms out of [0, device SMs], start_m/group_m out of range.
+void gemm_check(const GemmArgs& args);
+
+// Runs the plain engine (no hooks) on `stream`. Asynchronous; errors of the launch throw.
+void gemm(const GemmArgs& args, cudaStream_t stream);
+
+}  // namespace tilelink::compute::sm90

@@ -1,0 +1,95 @@
+// Host constructors of the op plans: every check happens here, before anything runs.
+#include "tilelink/core/error.hpp"
+#include "tilelink/ops/ag_gemm_plan.hpp"
+#include "tilelink/ops/gemm_rs_plan.hpp"
+
+namespace tilelink {
+
+namespace {
+void check_common(int rank, const RowPartition& rows, int64_t n, int64_t k, const char* op) {
+  TL_REQUIRE(rows.world_size >= 1 && rows.world_size <= kMaxWorldSize,
+             op << ": world size must be in [1, " << kMaxWorldSize << "], got " << rows.world_size);
+  TL_REQUIRE(rank >= 0 && rank < rows.world_size,
+             op << ": rank " << rank << " outside a world of " << rows.world_size);
+  TL_REQUIRE(rows.total() >= 1, op << ": M must be >= 1, got " << rows.total());
+  TL_REQUIRE(n >= 1, op << ": N must be >= 1, got " << n);
+  TL_REQUIRE(k >= 1, op << ": K must be >= 1, got " << k);
+}
+void check_tile(int v, const char* what, const char* op) {
+  TL_REQUIRE(v >= 1 && v <= (1 << 20), op << ": " << what << " must be in [1, 2^20], got " << v);
+}
+}  // namespace
+
+AgGemmPlan AgGemmPlan::make(int rank, const RowPartition& rows, int64_t n_local, int64_t k,
+                            DType dtype, const AgGemmConfig& config) {
+  check_common(rank, rows, n_local, k, "ag_gemm");
+  check_tile(config.comm_tile_rows, "comm_tile_rows", "ag_gemm");
+  check_tile(config.gemm_tile_m, "gemm_tile_m", "ag_gemm");
+  check_tile(config.gemm_tile_n, "gemm_tile_n", "ag_gemm");
+  check_tile(config.group_m, "group_m", "ag_gemm");
+  TL_REQUIRE(config.comm_workers >= 0 && config.compute_workers >= 0,
+             "ag_gemm: worker counts must be >= 0");
+
+  AgGemmPlan p;
+  p.rank = rank;
+  p.world_size = rows.world_size;
+  p.dtype = dtype;
+  p.n = n_local;
+  p.k = k;
+  p.config = config;
+  p.comm = SegmentTiling::make(rows, config.comm_tile_rows);
+  p.gemm = TileGrid{rows.total(), n_local, config.gemm_tile_m, config.gemm_tile_n};
+  p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(),
+                              first_tile_row_of_segment(rows, rank, config.gemm_tile_m),
+                              config.group_m};
+
+  // NOTE: the layout depends only on (M, K, world, comm tiling), never on the rank, so it is the
+  // same on every rank: a symmetric layout.
+  LayoutBuilder b;
+  p.ws.tile_ready = b.add<Signal>(p.comm.num_tiles());
+  p.ws.barrier = b.add<Signal>(rows.world_size);
+  p.ws.gathered = b.add<std::byte>(rows.total() * k * dtype_size(dtype));
+  p.ws.num_bytes = b.num_bytes();
+  return p;
+}
+
+GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64_t k_local,
+                            DType dtype, const GemmRsConfig& config) {
+  check_common(rank, rows, n, k_local, "gemm_rs");
+  check_tile(config.comm_tile_rows, "comm_tile_rows", "gemm_rs");
+  check_tile(config.comm_tile_cols, "comm_tile_cols", "gemm_rs");
+  check_tile(config.gemm_tile_m, "gemm_tile_m", "gemm_rs");
+  check_tile(config.gemm_tile_n, "gemm_tile_n", "gemm_rs");
+  check_tile(config.group_m, "group_m", "gemm_rs");
+  TL_REQUIRE(config.comm_workers >= 0 && config.compute_workers >= 0,
+             "gemm_rs: worker counts must be >= 0");
+
+  GemmRsPlan p;
+  p.rank = rank;
+  p.world_size = rows.world_size;
+  p.dtype = dtype;
+  p.n = n;
+  p.k = k_local;
+  p.rows = rows;
+  p.config = config;
+  p.gemm = TileGrid{rows.total(), n, config.gemm_tile_m, config.gemm_tile_n};
+  p.reduce_rows = SegmentTiling::make(rows, config.comm_tile_rows);
+  p.reduce_tile_cols = config.comm_tile_cols;
+  int next = peer_at(rank, 1, rows.world_size);
+  p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(),
+                              first_tile_row_of_segment(rows, next, config.gemm_tile_m),
+                              config.group_m};
+
+  LayoutBuilder b;
+  const int64_t elem = dtype_size(dtype);
+  const bool push = config.mode == CommMode::kPush;
+  p.ws.tile_done = b.add<Signal>(push ? 0 : p.gemm.num_tiles());
+  p.ws.staged = b.add<Signal>(push ? static_cast<int64_t>(rows.world_size) * p.gemm.num_tiles() : 0);
+  p.ws.barrier = b.add<Signal>(rows.world_size);
+  p.ws.partial = b.add<std::byte>(push ? 0 : rows.total() * n * elem);
+  p.ws.staging = b.add<std::byte>(push ? rows.world_size * rows.max_size() * n * elem : 0);
+  p.ws.num_bytes = b.num_bytes();
+  return p;
+}
+
+}  // namespace tilelink
