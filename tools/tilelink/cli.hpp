@@ -42,12 +42,18 @@ struct Command {
 };
 
 bool register_command(Command c);
+inline Command make_command(Command c) { return c; }
+inline Command make_command(std::string path, std::string usage, std::string summary, CommandFn fn,
+                            std::vector<std::string> flags = {}) {
+  return Command{std::move(path), std::move(usage), std::move(summary), fn, std::move(flags)};
+}
 const std::vector<Command>& commands();
 
 }  // namespace tilelink::cli
 
 #define TL_CLI_CAT2(a, b) a##b
 #define TL_CLI_CAT(a, b) TL_CLI_CAT2(a, b)
+// TILELINK_REGISTER_COMMAND(path, usage, summary, fn[, {flag names}])
 #define TILELINK_REGISTER_COMMAND(...)                           \
   static const bool TL_CLI_CAT(tl_registered_command_, __LINE__) = \
-      ::tilelink::cli::register_command(::tilelink::cli::Command{__VA_ARGS__})
+      ::tilelink::cli::register_command(::tilelink::cli::make_command(__VA_ARGS__))

@@ -1,0 +1,75 @@
+// Epilogue of the sm90 GEMM engine: fp32 accumulators (wgmma C fragments) -> C, clipped to the tile's
+// region, as plain stores (kStore; C may be a peer's memory) or vector reductions (kReduceAdd).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cute/tensor.hpp>
+
+#include "tilelink/compute/sm90/gemm.hpp"
+
+namespace tilelink::compute::sm90::detail {
+
+// Two adjacent columns (c, c + 1) of one row: the unit of the wgmma accumulator layout.
+TL_DEVICE TL_INLINE void store_pair(__nv_bfloat16* dst, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+}
+TL_DEVICE TL_INLINE void store_pair(__half* dst, float x, float y) {
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
+}
+TL_DEVICE TL_INLINE void store_pair(float* dst, float x, float y) { *reinterpret_cast<float2*>(dst) = make_float2(x, y); }
+
+TL_DEVICE TL_INLINE void red_add_pair(__nv_bfloat16* dst, float x, float y) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  asm volatile("red.relaxed.gpu.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(dst),
+               "r"(*reinterpret_cast<uint32_t*>(&v))
+               : "memory");
+}
+TL_DEVICE TL_INLINE void red_add_pair(__half* dst, float x, float y) {
+  __half2 v = __floats2half2_rn(x, y);
+  asm volatile("red.relaxed.gpu.global.add.noftz.f16x2 [%0], %1;\n" ::"l"(dst), "r"(*reinterpret_cast<uint32_t*>(&v))
+               : "memory");
+}
+TL_DEVICE TL_INLINE void red_add_pair(float* dst, float x, float y) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
+
+// Writes (or adds) this thread's part of the (kTileM x kTileN) accumulator tile `tile` into C[m, n]
+// (row stride ldc), skipping rows >= m and columns >= n. mma_thread_idx is the thread's index among
+// the consumer threads of tiled_mma.
+template <class ElementOut, class TiledMma, class Accum>
+TL_DEVICE void store_tile(EpilogueMode mode, void* c_ptr, int64_t ldc, int m, int n, TileCoord tile,
+                          TiledMma const& tiled_mma, int mma_thread_idx, Accum const& accum) {
+  using namespace cute;
+  auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
+  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // (BLK_M, BLK_N) -> (row, col)
+  Tensor tCcC = thr_mma.partition_C(cC);                                        // (MMA, MMA_M, MMA_N)
+  static_assert(decltype(size(tCcC))::value == decltype(size(accum))::value);
+
+  const int row0 = tile.m * kTileM;
+  const int col0 = tile.n * kTileN;
+  const int rows = m - row0 < kTileM ? m - row0 : kTileM;
+  const int cols = n - col0 < kTileN ? n - col0 : kTileN;
+  ElementOut* c = static_cast<ElementOut*>(c_ptr) + static_cast<int64_t>(row0) * ldc + col0;
+
+  // NOTE: accumulator elements 2i and 2i+1 are columns c and c+1 of one row (wgmma C layout); c is
+  // even and n is a multiple of 8, so a pair is either wholly inside or wholly outside the tile.
+  if (mode == EpilogueMode::kStore) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const int r = get<0>(tCcC(i));
+      const int col = get<1>(tCcC(i));
+      if (r < rows && col < cols) store_pair(c + static_cast<int64_t>(r) * ldc + col, accum(i), accum(i + 1));
+    }
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      const int r = get<0>(tCcC(i));
+      const int col = get<1>(tCcC(i));
+      if (r < rows && col < cols) red_add_pair(c + static_cast<int64_t>(r) * ldc + col, accum(i), accum(i + 1));
+    }
+  }
+}
+
+}  // namespace tilelink::compute::sm90::detail

@@ -1,0 +1,286 @@
+// The sm_90a GEMM tile engine kernel template (see ../gemm.hpp for the contract).
+//
+// Include this from a .cu file to instantiate the engine with your own Hooks type:
+//   tilelink::compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, my_hooks, stream);
+// The mainloop (TMA loads into a Stages-deep smem ring, wgmma 2x(64x256x16) per k-block) is CUTLASS's
+// sm90 warp-specialized collective; the persistent tile walk, the hooks and the epilogue are ours.
+//
+// Block: 384 threads = warpgroup 0 (warp 0: TMA producer, warp 1: tile notifier, warps 2-3 idle)
+//                     + warpgroups 1-2 (consumers: 128x256 tile, each warpgroup 64x256, fp32 accum).
+#pragma once
+
+#if !defined(TILELINK_HAS_CUTE)
+#error "the sm90 GEMM engine needs the CuTe/CUTLASS headers (scripts/setup.sh)"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "tilelink/compute/sm90/gemm.hpp"
+#include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::compute::sm90 {
+
+// The plain engine: no waits, no notifies (compiles to no extra instructions).
+struct NoHooks {
+  static constexpr bool kWaits = false;
+  static constexpr bool kNotifies = false;
+  __device__ void before_tile_loads(TileCoord, Rect) {}
+  __device__ void after_tile_stored(TileCoord, Rect) {}
+};
+
+namespace detail {
+
+// Throws tilelink::Error naming the failed CUDA call and file:line.
+inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess) {
+    ::tilelink::detail::throw_error(file, line, std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+#define TL_SM90_CUDA_CHECK(call) ::tilelink::compute::sm90::detail::check_cuda((call), #call, __FILE__, __LINE__)
+
+// One engine configuration: element types, tile, mainloop collective.
+template <class ElementIn_, class ElementOut_>
+struct GemmConfig {
+  using ElementIn = ElementIn_;    // cutlass::bfloat16_t or cutlass::half_t
+  using ElementOut = ElementOut_;  // __nv_bfloat16, __half or float
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr int kSmemCarveoutBytes = 1024;  // our barriers, with room to spare
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,            //
+      ElementIn, cutlass::layout::RowMajor, 8,                         // A [M, K], K-major
+      ElementIn, cutlass::layout::ColumnMajor, 8,                      // B [N, K], K-major
+      float, TileShape, ClusterShape,                                  //
+      cutlass::gemm::collective::StageCountAutoCarveout<kSmemCarveoutBytes>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using MainloopPipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  static constexpr int kNumMmaThreads = cute::size(TiledMma{});  // 2 warpgroups
+  static constexpr int kNumThreads = kNumMmaThreads + 128;      // + the producer warpgroup
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kNumMmaThreads == 256, "the cooperative mainloop uses two consumer warpgroups");
+};
+
+// Consumers -> notify warp: a two-slot ring of mbarriers ("tile j is stored", "slot free again").
+struct TileStoredRing {
+  static constexpr int kSlots = 2;
+  uint64_t full[kSlots];
+  uint64_t empty[kSlots];
+};
+
+template <class Cfg>
+struct SharedStorage {
+  // NOTE: first, so the operand ring starts 1024-byte aligned (128-byte swizzle atoms).
+  typename Cfg::Mainloop::TensorStorage tensors;
+  alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
+  alignas(16) TileStoredRing stored;
+};
+
+template <class Cfg, class Hooks>
+struct KernelParams {
+  typename Cfg::Mainloop::Params mainloop;  // TMA descriptors of A and B
+  int m = 0, n = 0, k = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  EpilogueMode mode = EpilogueMode::kStore;
+  TileOrder order;
+  Hooks hooks;
+};
+
+// The persistent walk: worker `first` of `stride` visits order.at(first), order.at(first + stride), ...
+struct PersistentWalk {
+  int first, stride, count;
+  TL_HD int num_local() const { return first < count ? (count - first + stride - 1) / stride : 0; }
+  TL_HD int global(int j) const { return first + j * stride; }
+};
+
+TL_DEVICE TL_INLINE void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+template <class Cfg, class Hooks>
+__global__ void __launch_bounds__(Cfg::kNumThreads, 1)
+    gemm_kernel(CUTE_GRID_CONSTANT const KernelParams<Cfg, Hooks> p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  using MainloopPipeline = typename Cfg::MainloopPipeline;
+  using PipelineState = typename Cfg::PipelineState;
+  using Barrier = cutlass::arch::ClusterBarrier;
+
+  extern __shared__ __align__(1024) uint8_t tl_sm90_gemm_smem[];
+  auto& shared = *reinterpret_cast<SharedStorage<Cfg>*>(tl_sm90_gemm_smem);
+
+  // ---- setup ---------------------------------------------------------------------------------
+  const int thread_idx = threadIdx.x;
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int warp_group_idx = cutlass::canonical_warp_group_idx();
+  const int warp_in_group = warp_idx % 4;
+  const bool is_producer_group = warp_group_idx == 0;
+
+  if (warp_idx == 0 && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
+
+  typename MainloopPipeline::Params pipe_params;
+  if (is_producer_group && warp_in_group == 0) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
+  if (!is_producer_group) pipe_params.role = MainloopPipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = (thread_idx % 128) == 0;
+  pipe_params.num_consumers = Cfg::kNumMmaThreads;
+  pipe_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  MainloopPipeline pipeline(shared.pipeline, pipe_params, typename Cfg::ClusterShape{});  // inits in warp 0
+
+  if constexpr (Hooks::kNotifies) {
+    if (warp_idx == 1 && cute::elect_one_sync()) {
+      for (int s = 0; s < TileStoredRing::kSlots; ++s) {
+        Barrier::init(&shared.stored.full[s], Cfg::kNumMmaThreads);
+        Barrier::init(&shared.stored.empty[s], 1);
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+  }
+  __syncthreads();
+
+  const TileGrid grid = gemm_tile_grid(p.m, p.n);
+  const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), p.order.count()};
+  const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
+  const auto problem_mnkl = make_shape(p.m, p.n, p.k, 1);
+  Mainloop mainloop;
+
+  if (is_producer_group) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+
+    // ---- load warp: wait hook, then TMA loads of the tile's k-blocks -------------------------
+    if (warp_in_group == 0) {
+      auto load_inputs = mainloop.load_init(problem_mnkl, p.mainloop);
+      auto gA_mkl = get<0>(load_inputs);  // (BLK_M, BLK_K, m, k, l)
+      Hooks hooks = p.hooks;
+      PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
+      for (int j = 0; j < walk.num_local(); ++j) {
+        const TileCoord tile = p.order.at(walk.global(j));
+        if constexpr (Hooks::kWaits) {
+          hooks.before_tile_loads(tile, grid.region(tile));
+          __syncwarp();
+          // NOTE: the hook's acquire is a generic-proxy access; TMA reads through the async proxy.
+          fence_proxy_async_global();
+        }
+        auto blk_coord = make_coord(tile.m, tile.n, _, 0);
+        auto k_tile_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
+        mainloop.load(p.mainloop, pipeline, write_state, load_inputs, blk_coord, k_tile_iter, k_tiles,
+                      cutlass::canonical_lane_idx(), 0u, shared.tensors);
+        write_state.advance(k_tiles);
+      }
+      mainloop.load_tail(pipeline, write_state);
+    }
+
+    // ---- notify warp: after every consumer thread stored tile j, run the notify hook ------------
+    if constexpr (Hooks::kNotifies) {
+      if (warp_in_group == 1 && cute::elect_one_sync()) {
+        Hooks hooks = p.hooks;
+        for (int j = 0; j < walk.num_local(); ++j) {
+          const int slot = j % TileStoredRing::kSlots;
+          const uint32_t phase = (j / TileStoredRing::kSlots) & 1;
+          Barrier::wait(&shared.stored.full[slot], phase);
+          const TileCoord tile = p.order.at(walk.global(j));
+          hooks.after_tile_stored(tile, grid.region(tile));
+          Barrier::arrive(&shared.stored.empty[slot]);
+        }
+      }
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+
+    // ---- consumer warpgroups: wgmma over k, then the epilogue straight from registers -----------
+    typename Cfg::TiledMma tiled_mma;
+    const int mma_thread_idx = thread_idx - 128;
+    PipelineState read_state;
+    for (int j = 0; j < walk.num_local(); ++j) {
+      const TileCoord tile = p.order.at(walk.global(j));
+      auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));  // (MMA, MMA_M, MMA_N)
+      mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread_idx, shared.tensors, p.mainloop);
+      mainloop.mma_tail(pipeline, read_state, k_tiles);
+      read_state.advance(k_tiles);
+
+      const int slot = j % TileStoredRing::kSlots;
+      if constexpr (Hooks::kNotifies) {
+        Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
+      }
+      store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx,
+                                           accum);
+      if constexpr (Hooks::kNotifies) {
+        // NOTE: mbarrier.arrive has release.cta semantics: this thread's stores are ordered before it.
+        Barrier::arrive(&shared.stored.full[slot]);
+      }
+    }
+  }
+#endif
+}
+
+template <class T> inline constexpr DType kDTypeOf = DType::kF32;
+template <> inline constexpr DType kDTypeOf<cutlass::bfloat16_t> = DType::kBF16;
+template <> inline constexpr DType kDTypeOf<cutlass::half_t> = DType::kF16;
+template <> inline constexpr DType kDTypeOf<__nv_bfloat16> = DType::kBF16;
+template <> inline constexpr DType kDTypeOf<__half> = DType::kF16;
+
+}  // namespace detail
+
+// Checks the arguments (throws tilelink::Error), builds the TMA descriptors and launches the engine
+// with `hooks` on `stream`. ElementIn: cutlass::bfloat16_t | cutlass::half_t; ElementOut: __nv_bfloat16 |
+// __half | float; they must match args.in_type / args.out_type.
+template <class ElementIn, class ElementOut, class Hooks>
+void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
+  using namespace cute;
+  using Cfg = detail::GemmConfig<ElementIn, ElementOut>;
+  using Mainloop = typename Cfg::Mainloop;
+  using Params = detail::KernelParams<Cfg, Hooks>;
+
+  gemm_check(args);
+  TL_REQUIRE(args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
+             "sm90 gemm: this instantiation is " << dtype_name(detail::kDTypeOf<ElementIn>) << " -> "
+                                                 << dtype_name(detail::kDTypeOf<ElementOut>) << ", the arguments say "
+                                                 << dtype_name(args.in_type) << " -> " << dtype_name(args.out_type));
+  if (args.m == 0) return;  // nothing to compute; hooks are not called
+
+  const int64_t lda = args.lda ? args.lda : args.k;
+  const int64_t ldb = args.ldb ? args.ldb : args.k;
+  const int num_blocks = gemm_num_blocks(args);
+
+  Params p;
+  typename Mainloop::Arguments mainloop_args{
+      static_cast<const ElementIn*>(args.a), typename Mainloop::StrideA{lda, Int<1>{}, lda * args.m},
+      static_cast<const ElementIn*>(args.b), typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
+  const auto problem = make_shape(static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k), 1);
+  p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
+  p.m = static_cast<int>(args.m);
+  p.n = static_cast<int>(args.n);
+  p.k = static_cast<int>(args.k);
+  p.c = args.c;
+  p.ldc = args.ldc ? args.ldc : args.n;
+  p.mode = args.epilogue;
+  p.order = gemm_tile_order(args, num_blocks);
+  p.hooks = hooks;
+
+  auto* kernel = &detail::gemm_kernel<Cfg, Hooks>;
+  constexpr size_t kSmemBytes = sizeof(detail::SharedStorage<Cfg>);
+  static const bool attribute_set = [&] {
+    TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)attribute_set;
+  kernel<<<num_blocks, Cfg::kNumThreads, kSmemBytes, stream>>>(p);
+  TL_SM90_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tilelink::compute::sm90

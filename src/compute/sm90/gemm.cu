@@ -1,0 +1,106 @@
+// Host side of the sm90 GEMM engine: argument checks, tile-order heuristics, dtype dispatch.
+#include "tilelink/compute/sm90/gemm.hpp"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "instances.hpp"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::compute::sm90 {
+namespace {
+
+void check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess) ::tilelink::detail::throw_error(file, line, std::string(what) + ": " + cudaGetErrorString(e));
+}
+#define TL_CHECK_CUDA(call) check((call), #call, __FILE__, __LINE__)
+
+struct DeviceInfo {
+  int sms = 0, major = 0, minor = 0;
+};
+
+DeviceInfo current_device() {
+  int dev = 0;
+  DeviceInfo d;
+  TL_CHECK_CUDA(cudaGetDevice(&dev));
+  TL_CHECK_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  TL_CHECK_CUDA(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+  TL_CHECK_CUDA(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return d;
+}
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+int gemm_default_group_m(int64_t m, int64_t n, int num_blocks) {
+  const TileGrid g = gemm_tile_grid(m, n);
+  // A wave of num_blocks tiles laid out as (rows x cols) with rows = 2 cols covers a square of C.
+  int group = 1;
+  while (2 * group * group < num_blocks) ++group;  // group ~ sqrt(num_blocks / 2) tile columns
+  group *= 2;                                       // ... and twice as many tile rows
+  if (group > g.tiles_m()) group = g.tiles_m();
+  return group < 1 ? 1 : group;
+}
+
+TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks) {
+  const TileGrid g = gemm_tile_grid(args.m, args.n);
+  TileOrder o;
+  o.tiles_m = g.tiles_m();
+  o.tiles_n = g.tiles_n();
+  o.start_m = args.start_m;
+  o.group_m = args.group_m > 0 ? args.group_m : gemm_default_group_m(args.m, args.n, num_blocks);
+  return o;
+}
+
+int gemm_num_blocks(const GemmArgs& args) {
+  const DeviceInfo d = current_device();
+  TL_REQUIRE(args.num_sms >= 0 && args.num_sms <= d.sms,
+             "sm90 gemm: num_sms must be in [0, " << d.sms << "] (0 = all SMs), got " << args.num_sms);
+  const int sms = args.num_sms == 0 ? d.sms : args.num_sms;
+  const int64_t tiles = gemm_tile_grid(args.m, args.n).num_tiles();
+  return static_cast<int>(tiles < sms ? (tiles < 1 ? 1 : tiles) : sms);
+}
+
+void gemm_check(const GemmArgs& a) {
+  TL_REQUIRE(a.in_type == DType::kBF16 || a.in_type == DType::kF16,
+             "sm90 gemm: inputs must be bf16 or fp16, got " << dtype_name(a.in_type));
+  TL_REQUIRE(a.a != nullptr && a.b != nullptr && a.c != nullptr, "sm90 gemm: null pointer (a=" << a.a << ", b=" << a.b
+                                                                                              << ", c=" << a.c << ")");
+  TL_REQUIRE(a.m >= 0 && a.m < (int64_t{1} << 31), "sm90 gemm: M must be in [0, 2^31), got " << a.m);
+  TL_REQUIRE(a.n > 0 && a.n < (int64_t{1} << 31), "sm90 gemm: N must be in [1, 2^31), got " << a.n);
+  TL_REQUIRE(a.k > 0 && a.k < (int64_t{1} << 31), "sm90 gemm: K must be in [1, 2^31), got " << a.k);
+  TL_REQUIRE(a.n % 8 == 0, "sm90 gemm: N must be a multiple of 8, got " << a.n);
+  TL_REQUIRE(a.k % 8 == 0, "sm90 gemm: K must be a multiple of 8 (16-byte TMA rows), got " << a.k);
+  const int64_t lda = a.lda ? a.lda : a.k, ldb = a.ldb ? a.ldb : a.k, ldc = a.ldc ? a.ldc : a.n;
+  TL_REQUIRE(lda >= a.k && lda % 8 == 0, "sm90 gemm: lda must be >= K and a multiple of 8, got " << lda);
+  TL_REQUIRE(ldb >= a.k && ldb % 8 == 0, "sm90 gemm: ldb must be >= K and a multiple of 8, got " << ldb);
+  TL_REQUIRE(ldc >= a.n && ldc % 2 == 0, "sm90 gemm: ldc must be >= N and even, got " << ldc);
+  TL_REQUIRE(aligned(a.a, 16) && aligned(a.b, 16), "sm90 gemm: A and B must be 16-byte aligned (TMA)");
+  TL_REQUIRE(aligned(a.c, 2 * dtype_size(a.out_type)),
+             "sm90 gemm: C must be aligned to " << 2 * dtype_size(a.out_type) << " bytes");
+  const TileGrid g = gemm_tile_grid(a.m, a.n);
+  TL_REQUIRE(a.start_m >= 0 && (a.start_m < g.tiles_m() || a.start_m == 0),
+             "sm90 gemm: start_m must be in [0, " << g.tiles_m() << "), got " << a.start_m);
+  TL_REQUIRE(a.group_m >= 0, "sm90 gemm: group_m must be >= 0 (0 = heuristic), got " << a.group_m);
+  const DeviceInfo d = current_device();
+  TL_REQUIRE(d.major == 9 && d.minor == 0,
+             "sm90 gemm: needs an sm_90 GPU (H100/H200), the current device is sm_" << d.major << d.minor);
+  TL_REQUIRE(a.num_sms >= 0 && a.num_sms <= d.sms,
+             "sm90 gemm: num_sms must be in [0, " << d.sms << "] (0 = all SMs), got " << a.num_sms);
+}
+
+void gemm(const GemmArgs& args, cudaStream_t stream) {
+  gemm_check(args);
+  const DType in = args.in_type, out = args.out_type;
+  if (in == DType::kBF16 && out == DType::kBF16) return detail::gemm_bf16_bf16(args, stream);
+  if (in == DType::kBF16 && out == DType::kF32) return detail::gemm_bf16_f32(args, stream);
+  if (in == DType::kF16 && out == DType::kF16) return detail::gemm_f16_f16(args, stream);
+  if (in == DType::kF16 && out == DType::kF32) return detail::gemm_f16_f32(args, stream);
+  TL_REQUIRE(false, "sm90 gemm: unsupported dtype combination " << dtype_name(in) << " -> " << dtype_name(out)
+                                                               << " (supported: bf16->bf16, bf16->fp32, fp16->fp16, "
+                                                                  "fp16->fp32)");
+}
+
+}  // namespace tilelink::compute::sm90

@@ -1,0 +1,15 @@
+// The precompiled plain-engine instantiations (one translation unit each, so they build in parallel).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tilelink/compute/sm90/gemm.hpp"
+
+namespace tilelink::compute::sm90::detail {
+
+void gemm_bf16_bf16(const GemmArgs& args, cudaStream_t stream);
+void gemm_bf16_f32(const GemmArgs& args, cudaStream_t stream);
+void gemm_f16_f16(const GemmArgs& args, cudaStream_t stream);
+void gemm_f16_f32(const GemmArgs& args, cudaStream_t stream);
+
+}  // namespace tilelink::compute::sm90::detail

@@ -1,0 +1,44 @@
+// Shared pieces of the commands that run an op: the problem description parsed from the command
+// line, random inputs and the check against the float64 reference.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "tilelink/core/dtype.hpp"
+#include "tilelink/core/partition.hpp"
+#include "tilelink/ops/ag_gemm_plan.hpp"
+#include "tilelink/ops/gemm_rs_plan.hpp"
+
+namespace tilelink::cli {
+
+struct OpProblem {
+  std::string op;       // "ag_gemm" | "gemm_rs"
+  std::string backend;  // "cpu" | "cuda"
+  int world = 2;
+  int64_t m = 0, n = 0, k = 0;  // totals: AG+GEMM splits M and N, GEMM+RS splits M and K
+  RowPartition rows;            // M split (even, or --m-split)
+  std::vector<int64_t> split;   // AG+GEMM: N_r; GEMM+RS: K_r
+  DType dtype = DType::kBF16;
+  CommMode mode = CommMode::kPull;
+  int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
+  int iters = 5;
+  uint64_t seed = 1;
+  int64_t timeout_ms = 20000;
+  double tolerance = 0;  // relative Frobenius error bound
+};
+
+// Reads the options shared by `run` and `bench`; refuses bad values with tilelink::Error.
+OpProblem parse_problem(Args& args, const std::string& op);
+std::string describe(const OpProblem& p);
+
+// Uniform [-1, 1) values stored in `dtype`.
+std::vector<std::byte> random_matrix(int64_t rows, int64_t cols, DType dtype, std::mt19937_64& rng);
+
+// Median of a sample.
+double median(std::vector<double> v);
+
+}  // namespace tilelink::cli
