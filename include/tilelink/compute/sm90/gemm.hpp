@@ -37,6 +37,7 @@
 
 #include <cuda_runtime.h>
 
+#include "tilelink/core/config.hpp"
 #include "tilelink/core/dtype.hpp"
 #include "tilelink/core/order.hpp"
 #include "tilelink/core/tile.hpp"
@@ -65,7 +66,7 @@ struct GemmArgs {
 };
 
 // The output tile grid of a problem (the shape mapping of the engine's tiles).
-inline TileGrid gemm_tile_grid(int64_t m, int64_t n) { return TileGrid{m, n, kTileM, kTileN}; }
+TL_HD inline TileGrid gemm_tile_grid(int64_t m, int64_t n) { return TileGrid{m, n, kTileM, kTileN}; }
 
 // group_m heuristic: about twice as many tile rows as tile columns in one wave of resident tiles
 // (128x256 tiles make that footprint square), capped by the grid.
