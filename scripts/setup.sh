@@ -45,4 +45,5 @@ fi
 
 JOBS=$(nproc)
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${TILELINK_CMAKE_ARGS:-} >/dev/null
-cmake --build "$BUILD" -j "$JOBS"
+# TILELINK_BUILD_TARGETS: build only these targets (the ThreadSanitizer pass of scripts/test.sh).
+cmake --build "$BUILD" -j "$JOBS" ${TILELINK_BUILD_TARGETS:+--target $TILELINK_BUILD_TARGETS}
