@@ -1,0 +1,140 @@
+// Bodies of the CUDA signal primitives (contracts: backend/cuda/prim.cuh).
+#pragma once
+
+#include <cuda/atomic>
+#include <cuda/ptx>
+
+#include <cstdio>
+
+namespace tilelink::cuda {
+
+namespace detail {
+
+template <Scope S>
+struct ThreadScopeOf;
+template <>
+struct ThreadScopeOf<Scope::kBlock> {
+  static constexpr ::cuda::thread_scope value = ::cuda::thread_scope_block;
+};
+template <>
+struct ThreadScopeOf<Scope::kGpu> {
+  static constexpr ::cuda::thread_scope value = ::cuda::thread_scope_device;
+};
+template <>
+struct ThreadScopeOf<Scope::kSystem> {
+  static constexpr ::cuda::thread_scope value = ::cuda::thread_scope_system;
+};
+
+template <Scope S>
+TL_DEVICE TL_INLINE void store_release(uint64_t* p, uint64_t v) {
+  ::cuda::atomic_ref<uint64_t, ThreadScopeOf<S>::value>(*p).store(v, ::cuda::memory_order_release);
+}
+template <Scope S>
+TL_DEVICE TL_INLINE uint64_t load_acquire(uint64_t* p) {
+  return ::cuda::atomic_ref<uint64_t, ThreadScopeOf<S>::value>(*p).load(::cuda::memory_order_acquire);
+}
+
+TL_DEVICE TL_INLINE uint64_t now_ns() { return ::cuda::ptx::get_sreg_globaltimer(); }
+
+// Records the first fault of the world, prints it once, and traps.
+// NOTE: noinline keeps the printf and its stack out of the spin loops.
+static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owner, int tile, int slot,
+                                       const char* field, uint64_t expected, uint64_t observed,
+                                       uint64_t waited_ns, int kind) {
+  if (ctx.fault && atomicCAS_system(&ctx.fault->claimed, 0u, 1u) == 0u) {
+    ctx.fault->rank = ctx.rank;
+    ctx.fault->owner = owner;
+    ctx.fault->tile = tile;
+    ctx.fault->slot = slot;
+    ctx.fault->kind = kind;
+    ctx.fault->expected = expected;
+    ctx.fault->observed = observed;
+    ctx.fault->waited_ns = waited_ns;
+    __threadfence_system();
+    printf("tilelink: rank %d timed out after %.3f s waiting on %s[%d] of rank %d (tile %d): "
+           "expected >= %llu, observed %llu (block %d, thread %d)\n",
+           ctx.rank, waited_ns * 1e-9, field, slot, owner, tile, (unsigned long long)expected,
+           (unsigned long long)observed, (int)blockIdx.x, (int)threadIdx.x);
+  }
+  __trap();
+}
+
+// Spins until *p >= target (acquire at S), bounded by ctx.timeout_ns.
+template <Scope S>
+TL_DEVICE TL_INLINE void bounded_wait(const DeviceContext& ctx, uint64_t* p, int owner, int slot,
+                                      uint64_t target, WaitSite site) {
+  uint64_t v = load_acquire<S>(p);
+  if (v < target) {
+    const uint64_t t0 = now_ns();
+    for (uint32_t spins = 1;; ++spins) {
+      v = load_acquire<S>(p);
+      if (v >= target) break;
+      if ((spins & 255u) == 0) {
+        uint64_t waited = now_ns() - t0;
+        if (waited > ctx.timeout_ns)
+          fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, 0);
+      }
+    }
+  }
+  // NOTE: bulk/TMA loads run in the async proxy; this orders them after the acquire.
+  ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global);
+}
+
+}  // namespace detail
+
+template <Scope S>
+TL_DEVICE TL_INLINE void producer_tile_notify(const DeviceContext& ctx, const SymmetricView& heap,
+                                              Field<Signal> f, int slot, uint64_t value) {
+  detail::store_release<S>(heap.peer(ctx.rank, f) + slot, value);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void consumer_tile_wait(const DeviceContext& ctx, const SymmetricView& heap,
+                                            Field<Signal> f, int slot, uint64_t target,
+                                            WaitSite site) {
+  detail::bounded_wait<S>(ctx, heap.peer(ctx.rank, f) + slot, ctx.rank, slot, target, site);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void peer_tile_notify(const DeviceContext&, const SymmetricView& heap, int peer,
+                                          Field<Signal> f, int slot, uint64_t value) {
+  detail::store_release<S>(heap.peer(peer, f) + slot, value);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void peer_tile_wait(const DeviceContext& ctx, const SymmetricView& heap,
+                                        int peer, Field<Signal> f, int slot, uint64_t target,
+                                        WaitSite site) {
+  detail::bounded_wait<S>(ctx, heap.peer(peer, f) + slot, peer, slot, target, site);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void rank_notify(const DeviceContext& ctx, const SymmetricView& heap, int peer,
+                                     Field<Signal> f, uint64_t value) {
+  detail::store_release<S>(heap.peer(peer, f) + ctx.rank, value);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void rank_wait(const DeviceContext& ctx, const SymmetricView& heap, int peer,
+                                   Field<Signal> f, uint64_t target) {
+  detail::bounded_wait<S>(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
+                          WaitSite{"rank_signals", -1});
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void rank_barrier(const DeviceContext& ctx, const SymmetricView& heap,
+                                      Field<Signal> f, uint64_t epoch) {
+  for (int p = 0; p < ctx.world_size; ++p) rank_notify<S>(ctx, heap, p, f, epoch);
+  for (int p = 0; p < ctx.world_size; ++p) rank_wait<S>(ctx, heap, p, f, epoch);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE uint64_t signal_load(const SymmetricView& heap, int rank, Field<Signal> f,
+                                         int slot) {
+  return detail::load_acquire<S>(heap.peer(rank, f) + slot);
+}
+
+TL_DEVICE inline void Warp::sync() const { __syncwarp(); }
+TL_DEVICE inline void Block::sync() const { __syncthreads(); }
+
+}  // namespace tilelink::cuda

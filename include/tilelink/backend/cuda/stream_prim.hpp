@@ -1,0 +1,50 @@
+// The stream (copy engine) side of the CUDA backend: the same primitives, enqueued on a rank's
+// stream by the host. Signals become cuStreamWriteValue64 (a release: the write follows every
+// earlier operation of the stream, memory barrier included) and cuStreamWaitValue64 (>=, with a
+// flush of remote writes where the device supports it); data moves by cudaMemcpy2DAsync on the
+// copy engine. Same names and argument order as tilelink::cpu; the context is a StreamContext.
+//
+//   StreamContext sc{&world, r, world.stream(r), "ag_gemm"};
+//   peer_tile_wait(sc, heap, owner, ws.tile_ready, t, epoch, {"tile_ready", t});
+//   rank_copy_data(sc, owner, copy);
+//   producer_tile_notify(sc, heap, ws.tile_ready, t, epoch);
+//
+// Bounded: a stream wait cannot time out on the device; each one is noted in the world, and
+// World::sync() reports the first that never completed (op, rank, tile, slot, expected, observed).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "tilelink/core/symmetric.hpp"
+#include "tilelink/prim/data.hpp"
+#include "tilelink/prim/signal.hpp"
+#include "tilelink/runtime/world.hpp"
+
+namespace tilelink::cuda {
+
+struct StreamContext {
+  World* world = nullptr;
+  int rank = 0;
+  cudaStream_t stream = nullptr;
+  const char* op = "?";
+};
+
+void producer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
+                          int slot, uint64_t value);
+void consumer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
+                        int slot, uint64_t target, WaitSite site);
+void peer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, int peer,
+                      Field<Signal> f, int slot, uint64_t value);
+void peer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+                    int slot, uint64_t target, WaitSite site);
+void rank_notify(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+                 uint64_t value);
+void rank_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+               uint64_t target);
+void rank_barrier(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
+                  uint64_t epoch);
+
+// A rank-level block moved by the copy engine (cudaMemcpy2DAsync on ctx.stream).
+void rank_copy_data(const StreamContext& ctx, int peer, const Copy2D& copy);
+
+}  // namespace tilelink::cuda

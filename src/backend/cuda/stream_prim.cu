@@ -1,0 +1,93 @@
+// The stream (copy engine) primitives of the CUDA backend.
+#include "tilelink/backend/cuda/stream_prim.hpp"
+
+#include <cuda.h>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::cuda {
+
+namespace {
+
+void check(const StreamContext& ctx, const SymmetricView& heap, int owner, Field<Signal> f,
+           int slot) {
+  TL_REQUIRE(ctx.world && ctx.stream, "op " << ctx.op << ": stream context without a world or stream");
+  TL_REQUIRE(owner >= 0 && owner < heap.world_size,
+             "op " << ctx.op << ": rank " << owner << " outside a world of " << heap.world_size);
+  TL_REQUIRE(slot >= 0 && slot < f.count,
+             "op " << ctx.op << ": signal slot " << slot << " outside a field of " << f.count);
+}
+
+void write_value(const StreamContext& ctx, uint64_t* addr, uint64_t value) {
+  // NOTE: flags 0 = the write waits for the stream's earlier work and is preceded by a memory
+  // barrier: a release.
+  TL_CU_CHECK(cuStreamWriteValue64(reinterpret_cast<CUstream>(ctx.stream),
+                                   reinterpret_cast<CUdeviceptr>(addr), value, 0));
+}
+
+void wait_value(const StreamContext& ctx, uint64_t* addr, int owner, int slot, uint64_t target,
+                WaitSite site) {
+  TL_CU_CHECK(cuStreamWaitValue64(reinterpret_cast<CUstream>(ctx.stream),
+                                  reinterpret_cast<CUdeviceptr>(addr), target,
+                                  CU_STREAM_WAIT_VALUE_GEQ));
+  ctx.world->note_stream_wait({ctx.rank, owner, slot, site.tile, site.field, addr, target});
+}
+
+}  // namespace
+
+void producer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
+                          int slot, uint64_t value) {
+  check(ctx, heap, ctx.rank, f, slot);
+  write_value(ctx, heap.peer(ctx.rank, f) + slot, value);
+}
+
+void consumer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
+                        int slot, uint64_t target, WaitSite site) {
+  check(ctx, heap, ctx.rank, f, slot);
+  wait_value(ctx, heap.peer(ctx.rank, f) + slot, ctx.rank, slot, target, site);
+}
+
+void peer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, int peer,
+                      Field<Signal> f, int slot, uint64_t value) {
+  check(ctx, heap, peer, f, slot);
+  write_value(ctx, heap.peer(peer, f) + slot, value);
+}
+
+void peer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+                    int slot, uint64_t target, WaitSite site) {
+  check(ctx, heap, peer, f, slot);
+  wait_value(ctx, heap.peer(peer, f) + slot, peer, slot, target, site);
+}
+
+void rank_notify(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+                 uint64_t value) {
+  check(ctx, heap, peer, f, ctx.rank);
+  write_value(ctx, heap.peer(peer, f) + ctx.rank, value);
+}
+
+void rank_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+               uint64_t target) {
+  check(ctx, heap, ctx.rank, f, peer);
+  wait_value(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
+             WaitSite{"rank_signals", -1});
+}
+
+void rank_barrier(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
+                  uint64_t epoch) {
+  for (int p = 0; p < heap.world_size; ++p) rank_notify(ctx, heap, p, f, epoch);
+  for (int p = 0; p < heap.world_size; ++p) rank_wait(ctx, heap, p, f, epoch);
+}
+
+void rank_copy_data(const StreamContext& ctx, int peer, const Copy2D& c) {
+  TL_REQUIRE(ctx.world && ctx.stream, "op " << ctx.op << ": stream context without a world or stream");
+  TL_REQUIRE(peer >= 0 && peer < ctx.world->size(),
+             "op " << ctx.op << ": copy with rank " << peer << " outside a world of " << ctx.world->size());
+  if (c.rows <= 0 || c.row_bytes <= 0) return;
+  TL_REQUIRE(c.src && c.dst, "op " << ctx.op << ": copy with a null pointer");
+  TL_CUDA_CHECK(cudaMemcpy2DAsync(c.dst, static_cast<size_t>(c.dst_pitch), c.src,
+                                  static_cast<size_t>(c.src_pitch), static_cast<size_t>(c.row_bytes),
+                                  static_cast<size_t>(c.rows), cudaMemcpyDefault, ctx.stream));
+}
+
+}  // namespace tilelink::cuda

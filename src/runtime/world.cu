@@ -1,0 +1,428 @@
+// The CUDA world: transports virtual (green contexts on one GPU), peer (several GPUs, one
+// process) and ipc (one process per rank, CUDA IPC handles through MPI).
+#include "tilelink/runtime/world.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/core/error.hpp"
+
+#if defined(TILELINK_HAS_MPI)
+#include <mpi.h>
+#endif
+
+namespace tilelink::cuda {
+
+namespace {
+
+// NOTE: before any CUDA call of the program (static initialization of the library), and again in
+// the World constructor in case a program made this object file load late: lazy module loading
+// deadlocks a kernel that spins on a flag set by a not-yet-loaded kernel (DESIGN.md).
+const bool kEagerLoading = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  return true;
+}();
+
+std::vector<const void*>& kernel_registry() {
+  static std::vector<const void*> r;
+  return r;
+}
+
+}  // namespace
+
+bool register_kernels(std::initializer_list<const void*> fns) {
+  for (const void* f : fns) kernel_registry().push_back(f);
+  return true;
+}
+const std::vector<const void*>& registered_kernels() { return kernel_registry(); }
+
+const char* transport_name(Transport t) {
+  switch (t) {
+    case Transport::kVirtual: return "virtual";
+    case Transport::kPeer: return "peer";
+    case Transport::kIpc: return "ipc";
+  }
+  return "?";
+}
+
+bool parse_transport(const std::string& s, Transport* out) {
+  if (s == "virtual") *out = Transport::kVirtual;
+  else if (s == "peer") *out = Transport::kPeer;
+  else if (s == "ipc") *out = Transport::kIpc;
+  else return false;
+  return true;
+}
+
+struct World::Rank {
+  int rank = 0;
+  int device = 0;
+  int sm_count = 0;
+  CUgreenCtx green = nullptr;  // virtual only
+  CUcontext ctx = nullptr;     // virtual: the green context as a CUcontext
+  cudaStream_t stream = nullptr;
+};
+
+// ---- construction -----------------------------------------------------------------------------
+
+World::World(const WorldOptions& options) : options_(options) {
+  (void)kEagerLoading;
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  TL_REQUIRE(options.timeout.count() > 0, "world: wait timeout must be positive");
+  switch (options.transport) {
+    case Transport::kVirtual: init_virtual(); break;
+    case Transport::kPeer: init_peer(); break;
+    case Transport::kIpc: init_ipc(); break;
+  }
+  TL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&fault_), sizeof(DeviceFault),
+                              cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(fault_, 0, sizeof(DeviceFault));
+  load_registered_kernels();
+}
+
+void World::init_virtual() {
+  const int n = options_.world_size;
+  TL_REQUIRE(n >= 1 && n <= kMaxWorldSize,
+             "world: virtual world size must be in [1, " << kMaxWorldSize << "], got " << n);
+  int count = 0;
+  TL_CUDA_CHECK(cudaGetDeviceCount(&count));
+  TL_REQUIRE(options_.device >= 0 && options_.device < count,
+             "world: device " << options_.device << " not present (" << count << " GPUs)");
+  TL_CUDA_CHECK(cudaSetDevice(options_.device));
+  TL_CUDA_CHECK(cudaFree(nullptr));  // the primary context, before the green contexts
+  TL_CU_CHECK(cuInit(0));
+  CUdevice dev;
+  TL_CU_CHECK(cuDeviceGet(&dev, options_.device));
+  CUdevResource all;
+  TL_CU_CHECK(cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
+  const int total = static_cast<int>(all.sm.smCount);
+  const int align = static_cast<int>(all.sm.smCoscheduledAlignment ? all.sm.smCoscheduledAlignment : 1);
+  const int min_part = static_cast<int>(all.sm.minSmPartitionSize ? all.sm.minSmPartitionSize : 1);
+  int per = options_.sms_per_rank > 0 ? options_.sms_per_rank : total / n;
+  per -= per % align;
+  TL_REQUIRE(per >= min_part && per * n <= total,
+             "world: cannot give " << n << " virtual ranks " << (per > 0 ? per : 0)
+                                   << " SMs each on a GPU of " << total
+                                   << " SMs (partitions of at least " << min_part
+                                   << " SMs, in steps of " << align << ")");
+  std::vector<CUdevResource> groups(n);
+  unsigned int made = static_cast<unsigned int>(n);
+  CUdevResource rest;
+  TL_CU_CHECK(cuDevSmResourceSplitByCount(groups.data(), &made, &all, &rest, 0,
+                                          static_cast<unsigned int>(per)));
+  TL_REQUIRE(static_cast<int>(made) >= n, "world: the driver split the GPU's " << total
+                                              << " SMs into only " << made << " groups of "
+                                              << per << ", need " << n);
+  size_ = n;
+  ranks_.resize(n);
+  for (int r = 0; r < n; ++r) {
+    auto rk = std::make_unique<Rank>();
+    rk->rank = r;
+    rk->device = options_.device;
+    rk->sm_count = static_cast<int>(groups[r].sm.smCount);
+    CUdevResourceDesc desc;
+    TL_CU_CHECK(cuDevResourceGenerateDesc(&desc, &groups[r], 1));
+    TL_CU_CHECK(cuGreenCtxCreate(&rk->green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    TL_CU_CHECK(cuCtxFromGreenCtx(&rk->ctx, rk->green));
+    CUstream s;
+    TL_CU_CHECK(cuGreenCtxStreamCreate(&s, rk->green, CU_STREAM_NON_BLOCKING, 0));
+    rk->stream = reinterpret_cast<cudaStream_t>(s);
+    ranks_[r] = std::move(rk);
+    local_ranks_.push_back(r);
+  }
+  TL_CUDA_CHECK(cudaSetDevice(options_.device));
+}
+
+void World::init_peer() {
+  const int n = options_.world_size;
+  int count = 0;
+  TL_CUDA_CHECK(cudaGetDeviceCount(&count));
+  TL_REQUIRE(n >= 1 && n <= count, "world: the peer transport needs one GPU per rank: world size "
+                                       << n << ", " << count << " GPUs here");
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      int ok = 0;
+      TL_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
+      TL_REQUIRE(ok, "world: GPU " << a << " cannot access GPU " << b << " as a peer");
+    }
+  size_ = n;
+  ranks_.resize(n);
+  for (int r = 0; r < n; ++r) {
+    TL_CUDA_CHECK(cudaSetDevice(r));
+    for (int b = 0; b < n; ++b) {
+      if (b == r) continue;
+      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+      else TL_CUDA_CHECK(e);
+    }
+    auto rk = std::make_unique<Rank>();
+    rk->rank = r;
+    rk->device = r;
+    TL_CUDA_CHECK(cudaDeviceGetAttribute(&rk->sm_count, cudaDevAttrMultiProcessorCount, r));
+    TL_CUDA_CHECK(cudaStreamCreateWithFlags(&rk->stream, cudaStreamNonBlocking));
+    ranks_[r] = std::move(rk);
+    local_ranks_.push_back(r);
+  }
+}
+
+void World::init_ipc() {
+#if defined(TILELINK_HAS_MPI)
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    TL_REQUIRE(MPI_Init(nullptr, nullptr) == MPI_SUCCESS, "world: MPI_Init failed");
+    std::atexit([] {
+      int fin = 0;
+      MPI_Finalized(&fin);
+      if (!fin) MPI_Finalize();
+    });
+  }
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  TL_REQUIRE(n <= kMaxWorldSize, "world: " << n << " MPI ranks, at most " << kMaxWorldSize);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  int count = 0;
+  TL_CUDA_CHECK(cudaGetDeviceCount(&count));
+  TL_REQUIRE(count >= 1, "world: no GPU for the ipc transport");
+  size_ = n;
+  ranks_.resize(n);
+  auto rk = std::make_unique<Rank>();
+  rk->rank = rank;
+  rk->device = local % count;  // NOTE: ranks share a GPU when there are fewer GPUs than ranks
+  TL_CUDA_CHECK(cudaSetDevice(rk->device));
+  TL_CUDA_CHECK(cudaDeviceGetAttribute(&rk->sm_count, cudaDevAttrMultiProcessorCount, rk->device));
+  TL_CUDA_CHECK(cudaStreamCreateWithFlags(&rk->stream, cudaStreamNonBlocking));
+  ranks_[rank] = std::move(rk);
+  local_ranks_.push_back(rank);
+#else
+  TL_REQUIRE(false, "world: the ipc transport needs MPI; this build of tilelink has none");
+#endif
+}
+
+void World::load_registered_kernels() const {
+  for (const void* fn : registered_kernels()) load_kernel(fn);
+}
+
+void World::load_kernel(const void* fn) const {
+  for (int r : local_ranks_) {
+    bind(r);
+    cudaFunction_t f;
+    TL_CUDA_CHECK(cudaGetFuncBySymbol(&f, fn));
+    CUfunctionLoadingState state;
+    TL_CU_CHECK(cuFuncIsLoaded(&state, reinterpret_cast<CUfunction>(f)));
+    if (state != CU_FUNCTION_LOADING_STATE_LOADED) TL_CU_CHECK(cuFuncLoad(reinterpret_cast<CUfunction>(f)));
+  }
+}
+
+World::~World() {
+  // NOTE: no checks here: after a device fault every call fails, and destructors must not throw.
+  for (auto& rk : ranks_) {
+    if (!rk) continue;
+    if (rk->green) {
+      cuStreamDestroy(reinterpret_cast<CUstream>(rk->stream));
+      cuGreenCtxDestroy(rk->green);
+    } else if (rk->stream) {
+      cudaSetDevice(rk->device);
+      cudaStreamDestroy(rk->stream);
+    }
+  }
+  if (fault_) cudaFreeHost(fault_);
+}
+
+// ---- accessors --------------------------------------------------------------------------------
+
+bool World::is_local(int rank) const {
+  return rank >= 0 && rank < size_ && ranks_[rank] != nullptr;
+}
+
+int World::device(int rank) const {
+  TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
+  return ranks_[rank]->device;
+}
+int World::sm_count(int rank) const {
+  TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
+  return ranks_[rank]->sm_count;
+}
+cudaStream_t World::stream(int rank) const {
+  TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
+  return ranks_[rank]->stream;
+}
+
+void World::bind(int rank) const {
+  TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
+  const Rank& rk = *ranks_[rank];
+  if (rk.ctx) TL_CU_CHECK(cuCtxSetCurrent(rk.ctx));
+  else TL_CUDA_CHECK(cudaSetDevice(rk.device));
+}
+
+DeviceContext World::device_context(int rank) const {
+  TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
+  DeviceContext c;
+  c.rank = rank;
+  c.world_size = size_;
+  c.timeout_ns = static_cast<uint64_t>(options_.timeout.count()) * 1000000ull;
+  c.fault = fault_;  // NOTE: portable mapped host memory: the same pointer on the device (UVA)
+  return c;
+}
+
+void World::note_stream_wait(const StreamWait& w) { stream_waits_.push_back(w); }
+
+// ---- symmetric heap ---------------------------------------------------------------------------
+
+SymmetricBuffer World::allocate(uint64_t bytes) {
+  SymmetricBuffer b;
+  b.world_ = this;
+  b.bytes_ = bytes;
+  b.bases_.assign(size_, nullptr);
+  b.owned_.assign(size_, false);
+  const size_t n = bytes ? bytes : 256;
+  for (int r : local_ranks_) {
+    // NOTE: virtual ranks allocate in the primary context, which their green contexts share.
+    TL_CUDA_CHECK(cudaSetDevice(ranks_[r]->device));
+    TL_CUDA_CHECK(cudaMalloc(&b.bases_[r], n));
+    b.owned_[r] = true;
+    TL_CUDA_CHECK(cudaMemset(b.bases_[r], 0, n));
+    TL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#if defined(TILELINK_HAS_MPI)
+  if (options_.transport == Transport::kIpc) {
+    const int me = local_ranks_.at(0);
+    cudaIpcMemHandle_t mine;
+    TL_CUDA_CHECK(cudaIpcGetMemHandle(&mine, b.bases_[me]));
+    std::vector<cudaIpcMemHandle_t> all(size_);
+    TL_REQUIRE(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE,
+                             MPI_COMM_WORLD) == MPI_SUCCESS,
+               "world: MPI_Allgather of IPC handles failed");
+    for (int r = 0; r < size_; ++r) {
+      if (r == me) continue;
+      TL_CUDA_CHECK(cudaIpcOpenMemHandle(&b.bases_[r], all[r], cudaIpcMemLazyEnablePeerAccess));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+#endif
+  return b;
+}
+
+SymmetricBuffer::SymmetricBuffer(SymmetricBuffer&& o) noexcept { *this = std::move(o); }
+
+SymmetricBuffer& SymmetricBuffer::operator=(SymmetricBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    world_ = o.world_;
+    bytes_ = o.bytes_;
+    bases_ = std::move(o.bases_);
+    owned_ = std::move(o.owned_);
+    o.world_ = nullptr;
+    o.bases_.clear();
+    o.owned_.clear();
+  }
+  return *this;
+}
+
+SymmetricBuffer::~SymmetricBuffer() { release(); }
+
+void SymmetricBuffer::release() noexcept {
+  if (!world_) return;
+  for (size_t r = 0; r < bases_.size(); ++r)
+    if (bases_[r] && !owned_[r]) cudaIpcCloseMemHandle(bases_[r]);
+#if defined(TILELINK_HAS_MPI)
+  if (world_->transport() == Transport::kIpc) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+  for (size_t r = 0; r < bases_.size(); ++r)
+    if (bases_[r] && owned_[r]) {
+      cudaSetDevice(world_->ranks_[r]->device);
+      cudaFree(bases_[r]);
+    }
+  bases_.clear();
+  owned_.clear();
+  world_ = nullptr;
+}
+
+void* SymmetricBuffer::base(int rank) const {
+  TL_REQUIRE(rank >= 0 && rank < static_cast<int>(bases_.size()),
+             "symmetric buffer: rank " << rank << " outside a world of " << bases_.size());
+  return bases_[rank];
+}
+
+SymmetricView SymmetricBuffer::view(int rank) const {
+  TL_REQUIRE(world_ && world_->is_local(rank),
+             "symmetric buffer: rank " << rank << " is not driven by this process");
+  SymmetricView v;
+  v.rank = rank;
+  v.world_size = static_cast<int>(bases_.size());
+  for (int r = 0; r < v.world_size; ++r) v.bases[r] = bases_[r];
+  return v;
+}
+
+// ---- completion -------------------------------------------------------------------------------
+
+void World::fail(const char* op, int rank, cudaError_t e) {
+  std::ostringstream os;
+  os << "op " << op << ": ";
+  if (fault_ && fault_->claimed) {
+    const DeviceFault& f = *fault_;
+    os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9 << " s ";
+    if (f.kind == 1) {
+      os << "waiting for a bulk copy into shared-memory stage " << f.slot;
+    } else {
+      os << "waiting on ";
+      if (f.tile >= 0) os << "tile " << f.tile << ", ";
+      os << "signal slot " << f.slot << " of rank " << f.owner << ": expected >= " << f.expected
+         << ", observed " << f.observed;
+    }
+    os << " (the kernel trapped: " << cudaGetErrorName(e) << "; the device context is lost)";
+    throw TimeoutError(os.str());
+  }
+  os << "rank " << rank << " failed on the device: " << cudaGetErrorName(e) << " ("
+     << cudaGetErrorString(e) << ")";
+  throw Error(os.str());
+}
+
+void World::sync(const char* op) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + options_.timeout + std::chrono::seconds(5);
+  for (int r : local_ranks_) {
+    for (;;) {
+      cudaError_t e = cudaStreamQuery(ranks_[r]->stream);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) fail(op, r, e);
+      if (clock::now() > deadline) {
+        // A stream wait (copy engine path) cannot trap: find the one that never completed.
+        std::ostringstream os;
+        os << "op " << op << ": rank " << r << " did not finish within "
+           << std::chrono::duration<double>(options_.timeout).count() << " s";
+        for (const StreamWait& w : stream_waits_) {
+          uint64_t v = 0;
+          if (cudaMemcpy(&v, w.addr, sizeof(v), cudaMemcpyDefault) != cudaSuccess) continue;
+          if (v < w.target) {
+            os << "; rank " << w.rank << " is stuck in a stream wait on ";
+            if (w.tile >= 0) os << "tile " << w.tile << ", ";
+            os << w.field << "[" << w.slot << "] of rank " << w.owner << ": expected >= "
+               << w.target << ", observed " << v;
+            break;
+          }
+        }
+        throw TimeoutError(os.str());
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  stream_waits_.clear();
+}
+
+void World::barrier(const char* op) {
+  sync(op);
+#if defined(TILELINK_HAS_MPI)
+  if (options_.transport == Transport::kIpc) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+}
+
+}  // namespace tilelink::cuda
