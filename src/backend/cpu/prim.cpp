@@ -99,6 +99,9 @@ void rank_notify(const RankContext& ctx, const SymmetricView& heap, int peer, Fi
 
 void rank_wait(const RankContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
                uint64_t target) {
+  // NOTE: the slot is the peer's rank; check it against the world, not only against the field.
+  TL_REQUIRE(peer >= 0 && peer < ctx.world_size,
+             "op " << ctx.op << ": wait on rank " << peer << " outside a world of " << ctx.world_size);
   bounded_wait(ctx, heap, ctx.rank, f, peer, target, WaitSite{"rank_signals", -1});
 }
 
