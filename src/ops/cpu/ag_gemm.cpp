@@ -90,9 +90,11 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
 
 void AgGemm::run(RankContext& ctx, const void* a, const void* b, void* c) {
   const AgGemmPlan& p = plans_.at(ctx.rank);
+  // NOTE: the epoch advances before any check: a call refused on one rank must not leave that
+  // rank's epoch behind its peers', or every later call would wait on signals that never come.
+  const uint64_t epoch = ++epoch_[ctx.rank];
   TL_REQUIRE((a || p.comm.parts.size(ctx.rank) == 0) && b && c, "ag_gemm: null tensor on rank " << ctx.rank);
   ctx.op = "ag_gemm";
-  const uint64_t epoch = ++epoch_[ctx.rank];
   SymmetricView heap = ws_.view(ctx.rank);
   // Entry barrier: every peer has finished the previous call, so its buffers may be overwritten.
   rank_barrier(ctx, heap, p.ws.barrier, epoch);
@@ -109,18 +111,21 @@ void AgGemm::run(RankContext& ctx, const void* a, const void* b, void* c) {
 
 void AgGemm::run_unfused(RankContext& ctx, const void* a, const void* b, void* c) {
   const AgGemmPlan& p = plans_.at(ctx.rank);
+  // NOTE: the epoch advances before any check: a call refused on one rank must not leave that
+  // rank's epoch behind its peers', or every later call would wait on signals that never come.
+  const uint64_t epoch = epoch_[ctx.rank] += 2;  // two barriers: epoch - 1, then epoch
   TL_REQUIRE((a || p.comm.parts.size(ctx.rank) == 0) && b && c, "ag_gemm: null tensor on rank " << ctx.rank);
   ctx.op = "ag_gemm(unfused)";
   SymmetricView heap = ws_.view(ctx.rank);
   const RowPartition& parts = p.comm.parts;
   // AllGather: barrier, each rank copies its segment into every rank's buffer, barrier.
-  rank_barrier(ctx, heap, p.ws.barrier, ++epoch_[ctx.rank]);
+  rank_barrier(ctx, heap, p.ws.barrier, epoch - 1);
   RowRange own{parts.begin(ctx.rank), parts.end(ctx.rank)};
   for (int s = 0; s < ctx.world_size; ++s) {
     int peer = peer_at(ctx.rank, s, ctx.world_size);
     rank_copy_data(ctx, peer, rows_copy(p, a, own.begin, heap.peer(peer, p.ws.gathered), 0, own));
   }
-  rank_barrier(ctx, heap, p.ws.barrier, ++epoch_[ctx.rank]);
+  rank_barrier(ctx, heap, p.ws.barrier, epoch);
   // GEMM: the whole [M, N_r] output at once.
   gemm_tile_cpu(heap.local(p.ws.gathered), p.k, b, p.k, c, p.n, p.dtype, p.m(), p.n, p.k);
 }

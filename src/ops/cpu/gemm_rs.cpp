@@ -140,9 +140,11 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
 
 void GemmRs::run(RankContext& ctx, const void* a, const void* b, void* c) {
   const GemmRsPlan& p = plans_.at(ctx.rank);
+  // NOTE: the epoch advances before any check: a call refused on one rank must not leave that
+  // rank's epoch behind its peers', or every later call would wait on signals that never come.
+  const uint64_t epoch = ++epoch_[ctx.rank];
   TL_REQUIRE(a && b && (c || p.rows.size(ctx.rank) == 0), "gemm_rs: null tensor on rank " << ctx.rank);
   ctx.op = "gemm_rs";
-  const uint64_t epoch = ++epoch_[ctx.rank];
   SymmetricView heap = ws_.view(ctx.rank);
   rank_barrier(ctx, heap, p.ws.barrier, epoch);
   const int cw = p.config.comm_workers, kw = p.config.compute_workers;
@@ -158,14 +160,17 @@ void GemmRs::run(RankContext& ctx, const void* a, const void* b, void* c) {
 
 void GemmRs::run_unfused(RankContext& ctx, const void* a, const void* b, void* c) {
   const GemmRsPlan& p = baseline_plans_.at(ctx.rank);
+  // NOTE: the epoch advances before any check: a call refused on one rank must not leave that
+  // rank's epoch behind its peers', or every later call would wait on signals that never come.
+  const uint64_t epoch = epoch_[ctx.rank] += 2;  // two barriers: epoch - 1, then epoch
   TL_REQUIRE(a && b && (c || p.rows.size(ctx.rank) == 0), "gemm_rs: null tensor on rank " << ctx.rank);
   ctx.op = "gemm_rs(unfused)";
   SymmetricView heap = baseline_ws_.view(ctx.rank);
   const int64_t eb = p.elem_bytes();
   // GEMM: the whole partial [M, N] into this rank's buffer.
-  rank_barrier(ctx, heap, p.ws.barrier, ++epoch_[ctx.rank]);
+  rank_barrier(ctx, heap, p.ws.barrier, epoch - 1);
   compute_tile(p, a, b, Rect{0, 0, p.m(), p.n}, heap.local(p.ws.partial), p.n);
-  rank_barrier(ctx, heap, p.ws.barrier, ++epoch_[ctx.rank]);
+  rank_barrier(ctx, heap, p.ws.barrier, epoch);
   // ReduceScatter: pull every source's rows of this rank's segment, sum in rank order.
   Rect seg{p.rows.begin(ctx.rank), 0, p.rows.size(ctx.rank), p.n};
   std::vector<std::byte> pulled(static_cast<size_t>(seg.rows * p.n * eb * p.world_size));
