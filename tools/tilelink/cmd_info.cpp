@@ -12,7 +12,9 @@
 
 namespace tilelink::cli {
 
-#if !defined(TILELINK_HAS_CUDA)
+#if defined(TILELINK_HAS_CUDA)
+int cuda_device_count();  // cuda_probe.cu
+#else
 int cuda_device_count() { return 0; }
 #endif
 

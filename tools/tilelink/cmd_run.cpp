@@ -15,7 +15,11 @@
 
 namespace tilelink::cli {
 
-int cuda_device_count();  // cmd_info.cpp (0 without CUDA)
+int cuda_device_count();  // cuda_probe.cu (0 without CUDA)
+#if defined(TILELINK_HAS_CUDA)
+int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport, bool bench, int warmup,
+                     int iters);  // cmd_ag_gemm_cuda.cu
+#endif
 
 namespace {
 
@@ -23,7 +27,7 @@ const char* kRunUsage =
     "[--backend auto|cpu|cuda] [--world W] [-m M] [-n N] [-k K] [--dtype bf16|fp16|fp32] "
     "[--variant pull|push] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
-    "[--tolerance E]";
+    "[--tolerance E] [--transport auto|virtual|peer|ipc]";
 
 struct RankData {
   std::vector<std::byte> a, b, c_fused, c_unfused;
@@ -154,17 +158,27 @@ int run_cpu(const OpProblem& p) {
 
 int run_op(Args& args, const std::string& op) {
   OpProblem p = parse_problem(args, op);
+  std::string transport = args.get("--transport", "auto");
   args.finish();
+#if defined(TILELINK_HAS_CUDA)
+  const bool cuda_op = op == "ag_gemm";
+#else
+  const bool cuda_op = false;
+#endif
   if (p.backend == "auto") {
     // The CUDA backend when a GPU is present and this build has the op on it; otherwise the CPU.
     int gpus = cuda_device_count();
-    p.backend = "cpu";
-    if (gpus > 0)
-      std::printf("note: %d GPU(s) found, but %s has no CUDA implementation in this build yet; "
-                  "using the CPU backend\n", gpus, op.c_str());
+    p.backend = gpus > 0 && cuda_op && p.dtype == DType::kBF16 ? "cuda" : "cpu";
+    if (gpus > 0 && p.backend == "cpu")
+      std::printf("note: %d GPU(s) found, but %s %s has no CUDA implementation in this build; "
+                  "using the CPU backend\n", gpus, std::string(dtype_name(p.dtype)).c_str(), op.c_str());
   }
-  TL_REQUIRE(p.backend == "cpu", op << " has no CUDA implementation in this build yet: use "
-                                       "--backend cpu");
+  TL_REQUIRE(p.backend == "cpu" || cuda_op, op << " has no CUDA implementation in this build yet: use "
+                                                  "--backend cpu");
+#if defined(TILELINK_HAS_CUDA)
+  if (p.backend == "cuda") return run_ag_gemm_cuda(p, transport, false, 0, 0);
+#endif
+  TL_REQUIRE(transport == "auto", "--transport applies to the CUDA backend only");
   std::printf("%s\n", describe(p).c_str());
   return run_cpu(p);
 }

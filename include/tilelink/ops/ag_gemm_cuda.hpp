@@ -1,0 +1,68 @@
+// Fused AllGather+GEMM on the CUDA backend (plan: ops/ag_gemm_plan.hpp, shared with the CPU).
+//
+//   comm program     on the copy engine (0 SMs), per rank on its own comm stream: the entry barrier,
+//                    then per comm tile in the plan's pull order: wait for the owner's tile_ready
+//                    (stream wait-value), cudaMemcpy2DAsync into the gathered buffer, notify own
+//                    tile_ready (stream write-value, a release). Push mode: own tiles into every peer.
+//   compute program  the sm90 GEMM engine on the rank's stream and SMs; its load warp waits, per
+//                    output tile, on the tile_ready slots of the comm tiles covering the tile's rows
+//                    (plan.waits_for), before the tile's first TMA load. Local-first tile order.
+//   baseline         copy-engine AllGather (barrier, copies, barrier), then cuBLAS.
+//
+//   cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = 4});
+//   cuda::AgGemm op(world, RowPartition::even(M, 4), n_per_rank, K, DType::kBF16, {});
+//   op.run(a, b, c);            // a[r], b[r], c[r]: device pointers of every local rank
+//   world.sync("ag_gemm");
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "tilelink/ops/ag_gemm_plan.hpp"
+#include "tilelink/runtime/world.hpp"
+
+namespace tilelink::cuda {
+
+class AgGemm {
+ public:
+  // n_per_rank[r] = N_r. dtype: bf16 (A, B, C). config.gemm_tile_m/n are replaced by the engine's
+  // tile; config.comm_workers must be 0 (the copy engine; SM-driven comm is not built yet).
+  AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t>& n_per_rank, int64_t k,
+         DType dtype, const AgGemmConfig& config);
+  ~AgGemm();
+  AgGemm(const AgGemm&) = delete;
+  AgGemm& operator=(const AgGemm&) = delete;
+
+  const AgGemmPlan& plan(int rank) const { return plans_.at(rank); }
+
+  // Enqueues one call on every local rank (indexed by rank; entries of non-local ranks ignored):
+  // a[r] = A_r [M_r, K], b[r] = B_r [N_r, K], c[r] = C_r [M, N_r], dense row-major device memory.
+  // Ordered on world.stream(r): work enqueued there later sees C_r.
+  void run(const std::vector<const void*>& a, const std::vector<const void*>& b,
+           const std::vector<void*>& c);
+  void run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                   const std::vector<void*>& c);
+
+  // Parts, for the bench's ideal bound: the comm program alone / the GEMM alone (all signals set).
+  void run_comm_only(const std::vector<const void*>& a);
+  void run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c);
+
+  const void* gathered(int rank) const;
+
+ private:
+  void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                  const std::vector<void*>& c) const;
+  void enqueue_comm(int r, const void* a, uint64_t epoch);
+  void enqueue_gemm(int r, const void* b, void* c, uint64_t epoch);
+
+  World& world_;
+  std::vector<AgGemmPlan> plans_;
+  SymmetricBuffer ws_;
+  std::vector<cudaStream_t> comm_streams_;  // per rank (null where not local)
+  std::vector<cudaEvent_t> fork_, join_;
+  std::vector<void*> cublas_;  // cublasHandle_t per rank
+  uint64_t epoch_ = 0;
+};
+
+}  // namespace tilelink::cuda

@@ -1,0 +1,245 @@
+// Fused AllGather+GEMM on the CUDA backend: the copy-engine comm program and the sm90 engine with a
+// per-tile wait hook (see include/tilelink/ops/ag_gemm_cuda.hpp).
+#include "tilelink/ops/ag_gemm_cuda.hpp"
+
+#include <cublas_v2.h>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
+#include "tilelink/backend/cuda/stream_prim.hpp"
+#include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::cuda {
+
+namespace {
+
+// The compute program's link to the comm program: before a GEMM tile's loads, wait for the comm
+// tiles that cover its rows (the plan's channel mapping). Lanes of the load warp share the slots.
+struct AgGemmWaitHooks {
+  static constexpr bool kWaits = true;
+  static constexpr bool kNotifies = false;
+  DeviceContext ctx;
+  SymmetricView heap;
+  Field<Signal> tile_ready;
+  SegmentTiling comm;
+  int tiles_n = 0;
+  uint64_t epoch = 0;
+
+  __device__ void before_tile_loads(TileCoord tile, Rect region) {
+    const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
+    unsigned lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    // NOTE: system scope: the copy engine's stream write-values and a peer GPU's stores both count.
+    for (int s = ids.begin + static_cast<int>(lane); s < ids.end; s += 32)
+      consumer_tile_wait<Scope::kSystem>(ctx, heap, tile_ready, s, epoch,
+                                         WaitSite{"tile_ready", tile.m * tiles_n + tile.n});
+    __syncwarp();
+  }
+  __device__ void after_tile_stored(TileCoord, Rect) {}
+};
+
+void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    ::tilelink::detail::throw_error(file, line, std::string(what) + ": cuBLAS status " +
+                                                    std::to_string(static_cast<int>(s)));
+}
+#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
+
+}  // namespace
+
+AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t>& n_per_rank,
+               int64_t k, DType dtype, const AgGemmConfig& config)
+    : world_(world) {
+  const int W = world.size();
+  TL_REQUIRE(rows.world_size == W, "ag_gemm: the row partition has " << rows.world_size
+                                                                     << " ranks, the world " << W);
+  TL_REQUIRE(static_cast<int>(n_per_rank.size()) == W,
+             "ag_gemm: " << n_per_rank.size() << " N_r values for a world of " << W);
+  TL_REQUIRE(dtype == DType::kBF16, "ag_gemm on the CUDA backend takes bf16, got " << dtype_name(dtype));
+  TL_REQUIRE(config.comm_workers == 0,
+             "ag_gemm on the CUDA backend moves data with the copy engine: comm_workers must be 0, got "
+                 << config.comm_workers);
+  TL_REQUIRE(k % 8 == 0, "ag_gemm: K must be a multiple of 8 (16-byte rows), got " << k);
+  for (int r = 0; r < W; ++r)
+    TL_REQUIRE(n_per_rank[r] % 8 == 0, "ag_gemm: N_" << r << " must be a multiple of 8, got " << n_per_rank[r]);
+
+  AgGemmConfig cfg = config;
+  cfg.gemm_tile_m = compute::sm90::kTileM;  // the plan's gemm tiles are the engine's tiles
+  cfg.gemm_tile_n = compute::sm90::kTileN;
+  for (int r = 0; r < W; ++r) {
+    AgGemmConfig c = cfg;
+    if (world.is_local(r)) {
+      c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n_per_rank[r], world.sm_count(r));
+    }
+    plans_.push_back(AgGemmPlan::make(r, rows, n_per_rank[r], k, dtype, c));
+  }
+  ws_ = world.allocate(plans_[0].ws.num_bytes);
+
+  comm_streams_.assign(W, nullptr);
+  fork_.assign(W, nullptr);
+  join_.assign(W, nullptr);
+  cublas_.assign(W, nullptr);
+  for (int r : world.local_ranks()) {
+    world.bind(r);
+    TL_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_streams_[r], cudaStreamNonBlocking));
+    TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_[r], cudaEventDisableTiming));
+    TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_[r], cudaEventDisableTiming));
+    cublasHandle_t h;
+    TL_CUBLAS_CHECK(cublasCreate(&h));
+    TL_CUBLAS_CHECK(cublasSetStream(h, world.stream(r)));
+    cublas_[r] = h;
+  }
+}
+
+AgGemm::~AgGemm() {
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    if (cublas_[r]) cublasDestroy(static_cast<cublasHandle_t>(cublas_[r]));
+    if (fork_[r]) cudaEventDestroy(fork_[r]);
+    if (join_[r]) cudaEventDestroy(join_[r]);
+    if (comm_streams_[r]) cudaStreamDestroy(comm_streams_[r]);
+  }
+}
+
+const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ws.gathered.in(ws_.base(rank)); }
+
+void AgGemm::check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                        const std::vector<void*>& c) const {
+  const int W = world_.size();
+  TL_REQUIRE(static_cast<int>(a.size()) == W && static_cast<int>(b.size()) == W &&
+                 static_cast<int>(c.size()) == W,
+             "ag_gemm: pass one A, B and C entry per rank (" << W << ")");
+  for (int r : world_.local_ranks()) {
+    TL_REQUIRE((a[r] || plans_[r].comm.parts.size(r) == 0) && b[r] && c[r],
+               "ag_gemm: null tensor on rank " << r);
+    TL_REQUIRE(reinterpret_cast<uintptr_t>(b[r]) % 16 == 0 && reinterpret_cast<uintptr_t>(c[r]) % 16 == 0,
+               "ag_gemm: B and C of rank " << r << " must be 16-byte aligned");
+  }
+}
+
+void AgGemm::enqueue_comm(int r, const void* a, uint64_t epoch) {
+  const AgGemmPlan& p = plans_[r];
+  StreamContext sc{&world_, r, comm_streams_[r], "ag_gemm"};
+  SymmetricView heap = ws_.view(r);
+  const int64_t rb = p.row_bytes();
+  auto rows_copy = [&](const void* src, int64_t src_row0, void* dst, RowRange rows) {
+    return Copy2D{static_cast<const char*>(src) + (rows.begin - src_row0) * rb, rb,
+                  static_cast<char*>(dst) + rows.begin * rb, rb, rows.size(), rb};
+  };
+  // Entry barrier: every peer has finished its previous call (its comm stream waited for it).
+  rank_barrier(sc, heap, p.ws.barrier, epoch);
+  const int64_t seg0 = p.comm.parts.begin(r);
+  if (p.config.mode == CommMode::kPull) {
+    for (int i = 0; i < p.comm.num_tiles(); ++i) {
+      const int t = p.pull_tile_at(i);
+      const int owner = p.comm.rank_of(t);
+      const RowRange rows = p.comm.rows_of(t);
+      if (owner == r) {
+        rank_copy_data(sc, r, rows_copy(a, seg0, heap.local(p.ws.gathered), rows));
+      } else {
+        peer_tile_wait(sc, heap, owner, p.ws.tile_ready, t, epoch, WaitSite{"tile_ready", t});
+        rank_copy_data(sc, owner, rows_copy(heap.peer(owner, p.ws.gathered), 0,
+                                            heap.local(p.ws.gathered), rows));
+      }
+      producer_tile_notify(sc, heap, p.ws.tile_ready, t, epoch);
+    }
+  } else {
+    for (int i = 0; i < p.push_count(); ++i) {
+      int peer = 0, t = 0;
+      p.push_at(i, &peer, &t);
+      rank_copy_data(sc, peer, rows_copy(a, seg0, heap.peer(peer, p.ws.gathered), p.comm.rows_of(t)));
+      peer_tile_notify(sc, heap, peer, p.ws.tile_ready, t, epoch);
+    }
+  }
+}
+
+void AgGemm::enqueue_gemm(int r, const void* b, void* c, uint64_t epoch) {
+  const AgGemmPlan& p = plans_[r];
+  compute::sm90::GemmArgs args;
+  args.a = ws_.view(r).local(p.ws.gathered);
+  args.b = b;
+  args.c = c;
+  args.m = p.m();
+  args.n = p.n;
+  args.k = p.k;
+  args.in_type = DType::kBF16;
+  args.out_type = DType::kBF16;
+  args.num_sms = world_.sm_count(r);
+  args.start_m = p.compute_order.start_m;
+  args.group_m = p.compute_order.group_m;
+  AgGemmWaitHooks hooks{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
+                        p.gemm.tiles_n(), epoch};
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, world_.stream(r));
+}
+
+void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                 const std::vector<void*>& c) {
+  check_args(a, b, c);
+  const uint64_t epoch = ++epoch_;
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    cudaStream_t s = world_.stream(r), q = comm_streams_[r];
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));  // the previous call's GEMM is done with `gathered`
+    TL_CUDA_CHECK(cudaStreamWaitEvent(q, fork_[r]));
+    enqueue_comm(r, a[r], epoch);
+    enqueue_gemm(r, b[r], c[r], epoch);
+    TL_CUDA_CHECK(cudaEventRecord(join_[r], q));  // the call ends when both programs have
+    TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
+  }
+}
+
+void AgGemm::run_comm_only(const std::vector<const void*>& a) {
+  const uint64_t epoch = ++epoch_;
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    cudaStream_t s = world_.stream(r), q = comm_streams_[r];
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(q, fork_[r]));
+    enqueue_comm(r, a[r], epoch);
+    TL_CUDA_CHECK(cudaEventRecord(join_[r], q));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
+  }
+}
+
+void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c) {
+  // NOTE: the current epoch's signals are all set by the last comm run: the hooks' waits pass at
+  // once, so this times the engine with its hooks on.
+  TL_REQUIRE(epoch_ > 0, "ag_gemm: run_gemm_only needs a comm run first");
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    enqueue_gemm(r, b[r], c[r], epoch_);
+  }
+}
+
+void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                         const std::vector<void*>& c) {
+  check_args(a, b, c);
+  const uint64_t e1 = ++epoch_, e2 = ++epoch_;
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    const AgGemmPlan& p = plans_[r];
+    StreamContext sc{&world_, r, world_.stream(r), "ag_gemm(unfused)"};
+    SymmetricView heap = ws_.view(r);
+    const int64_t rb = p.row_bytes();
+    const RowRange own{p.comm.parts.begin(r), p.comm.parts.end(r)};
+    // AllGather on the copy engine: barrier, own segment into every rank, barrier.
+    rank_barrier(sc, heap, p.ws.barrier, e1);
+    for (int s = 0; s < world_.size() && own.size() > 0; ++s) {
+      int peer = peer_at(r, s, world_.size());
+      rank_copy_data(sc, peer, Copy2D{a[r], rb, heap.peer(peer, p.ws.gathered) + own.begin * rb,
+                                      rb, own.size(), rb});
+    }
+    rank_barrier(sc, heap, p.ws.barrier, e2);
+    // cuBLAS: C[M, N_r] (row-major) = A[M, K] B[N_r, K]^T, i.e. C^T = B A^T in column-major terms.
+    const float alpha = 1.f, beta = 0.f;
+    TL_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_[r]), CUBLAS_OP_T, CUBLAS_OP_N,
+                                 static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
+                                 &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k),
+                                 heap.local(p.ws.gathered), CUDA_R_16BF, static_cast<int>(p.k), &beta,
+                                 c[r], CUDA_R_16BF, static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+}  // namespace tilelink::cuda
