@@ -2,7 +2,7 @@
 //
 // The engine is a persistent, warp-specialized kernel: one producer warp issues TMA loads into a
 // multi-stage shared-memory pipeline, two consumer warpgroups run wgmma on a 128x256 output tile with
-// fp32 accumulators and store the tile straight from registers. The grid walks the output tiles in a
+// fp32 accumulators and store the tile through per-warp shared-memory staging (16-byte row stores). The grid walks the output tiles in a
 // core TileOrder (start_m rotation, group_m grouping), every block taking every num_blocks-th tile.
 //
 // Layouts: A is [M, K] row-major (row stride lda), B is [N, K] row-major (nn.Linear weight, row stride
@@ -27,6 +27,8 @@
 //     every epilogue store or reduction of that tile by every consumer thread is ordered before it
 //     (mbarrier arrive [release.cta] -> wait [acquire.cta]); a release store at gpu/sys scope made by
 //     the hook therefore publishes the whole tile. It runs off the consumers' critical path.
+//   Hooks must make no function call (printf, non-inlined code): ptxas then serializes every wgmma
+//   of the kernel (warning C7510, measured ~7% slower); report timeouts through memory and trap.
 //   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.
 //
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds

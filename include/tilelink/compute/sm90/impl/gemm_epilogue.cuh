@@ -72,4 +72,60 @@ TL_DEVICE void store_tile(EpilogueMode mode, void* c_ptr, int64_t ldc, int m, in
   }
 }
 
+// Per-warp staging buffer of the fast store path: 16 rows x 128 bytes (+16 bytes of padding per row,
+// so the 4-byte fragment writes and the 16-byte row reads are bank-conflict free).
+inline constexpr int kStageRows = 16;
+inline constexpr int kStagePitch = 128 + 16;
+inline constexpr int kStageBytesPerWarp = kStageRows * kStagePitch;
+
+// kStore through shared memory: each warp owns 16 rows of the tile (one wgmma row slab); per 128-byte
+// column chunk it writes its fragment pairs into its staging buffer, then stores whole 16-byte row
+// segments (4 full 128-byte rows per warp instruction) instead of 4-byte pairs. Needs C and ldc such
+// that every row segment is 16-byte aligned (the host checks and otherwise uses store_tile).
+template <class ElementOut, class TiledMma, class Accum>
+TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoord tile, TiledMma const& tiled_mma,
+                                 int mma_thread_idx, Accum const& accum, uint8_t* warp_stage) {
+  using namespace cute;
+  constexpr int kChunkCols = 128 / static_cast<int>(sizeof(ElementOut));  // columns per 128-byte chunk
+  constexpr int kSegCols = 16 / static_cast<int>(sizeof(ElementOut));     // columns per 16-byte segment
+  constexpr int kPairsPerChunk = kChunkCols / 8;                           // 8-column groups per chunk
+  static_assert(kTileN % kChunkCols == 0);
+  auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
+  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+  Tensor tCcC = thr_mma.partition_C(cC);  // (MMA, MMA_M, MMA_N) -> (row, col) in the tile
+  static_assert(decltype(size(accum))::value == 2 * 2 * (kTileN / 8), "one 16-row slab per warp expected");
+
+  const int lane = mma_thread_idx % 32;
+  const int warp_row0 = get<0>(tCcC(0)) & ~(kStageRows - 1);  // first tile row of this warp's slab
+  const int row0 = tile.m * kTileM, col0 = tile.n * kTileN;
+  ElementOut* c = static_cast<ElementOut*>(c_ptr);
+
+  CUTE_UNROLL
+  for (int chunk = 0; chunk < kTileN / kChunkCols; ++chunk) {
+    // 1. fragment pairs of this chunk -> staging rows (accum index 4*jn + 2*v1 is row +8*v1, cols 8*jn + 2q)
+    CUTE_UNROLL
+    for (int jj = 0; jj < kPairsPerChunk; ++jj) {
+      CUTE_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int i = 4 * (chunk * kPairsPerChunk + jj) + 2 * v1;
+        const int r = get<0>(tCcC(i)) - warp_row0;
+        const int col = get<1>(tCcC(i)) - chunk * kChunkCols;
+        store_pair(reinterpret_cast<ElementOut*>(warp_stage + r * kStagePitch) + col, accum(i), accum(i + 1));
+      }
+    }
+    __syncwarp();
+    // 2. staging rows -> C, 16 bytes per lane, 8 lanes per 128-byte row
+    CUTE_UNROLL
+    for (int t = 0; t < kStageRows * 8 / 32; ++t) {
+      const int s = lane + 32 * t;
+      const int r = s / 8, seg = s % 8;
+      const int grow = row0 + warp_row0 + r;
+      const int gcol = col0 + chunk * kChunkCols + seg * kSegCols;
+      const uint4 v = *reinterpret_cast<const uint4*>(warp_stage + r * kStagePitch + seg * 16);
+      if (grow < m && gcol < n) *reinterpret_cast<uint4*>(c + static_cast<int64_t>(grow) * ldc + gcol) = v;
+    }
+    __syncwarp();
+  }
+}
+
 }  // namespace tilelink::compute::sm90::detail

@@ -56,7 +56,9 @@ struct GemmConfig {
   using ElementOut = ElementOut_;  // __nv_bfloat16, __half or float
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  static constexpr int kSmemCarveoutBytes = 1024;  // our barriers, with room to spare
+  static constexpr int kNumMmaWarps = 8;
+  // our barriers and the epilogue staging buffers, with room to spare (still 4 stages at 128x256x64)
+  static constexpr int kSmemCarveoutBytes = 1024 + kNumMmaWarps * kStageBytesPerWarp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,            //
       ElementIn, cutlass::layout::RowMajor, 8,                         // A [M, K], K-major
@@ -88,6 +90,7 @@ struct SharedStorage {
   typename Cfg::Mainloop::TensorStorage tensors;
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
   alignas(16) TileStoredRing stored;
+  alignas(128) uint8_t epilogue_stage[Cfg::kNumMmaWarps][kStageBytesPerWarp];
 };
 
 template <class Cfg, class Hooks>
@@ -97,6 +100,7 @@ struct KernelParams {
   void* c = nullptr;
   int64_t ldc = 0;
   EpilogueMode mode = EpilogueMode::kStore;
+  bool staged_store = false;  // kStore with 16-byte aligned C rows: the shared-memory staged path
   TileOrder order;
   Hooks hooks;
 };
@@ -217,8 +221,12 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if constexpr (Hooks::kNotifies) {
         Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
       }
-      store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx,
-                                           accum);
+      if (p.staged_store) {
+        store_tile_staged<typename Cfg::ElementOut>(p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
+                                                    shared.epilogue_stage[mma_thread_idx / 32]);
+      } else {
+        store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum);
+      }
       if constexpr (Hooks::kNotifies) {
         // NOTE: mbarrier.arrive has release.cta semantics: this thread's stores are ordered before it.
         Barrier::arrive(&shared.stored.full[slot]);
@@ -269,6 +277,8 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   p.c = args.c;
   p.ldc = args.ldc ? args.ldc : args.n;
   p.mode = args.epilogue;
+  p.staged_store = args.epilogue == EpilogueMode::kStore && reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
+                   (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
   p.order = gemm_tile_order(args, num_blocks);
   p.hooks = hooks;
 
