@@ -33,10 +33,7 @@ std::vector<const void*>& kernel_registry() {
 
 }  // namespace
 
-bool register_kernels(std::initializer_list<const void*> fns) {
-  for (const void* f : fns) kernel_registry().push_back(f);
-  return true;
-}
+void register_kernel(const void* fn) { kernel_registry().push_back(fn); }
 const std::vector<const void*>& registered_kernels() { return kernel_registry(); }
 
 const char* transport_name(Transport t) {

@@ -145,27 +145,20 @@ class World {
 };
 
 // ---- kernel registry ------------------------------------------------------------------------------
-// Registers __global__ functions for eager loading: TL_REGISTER_KERNELS(my_kernel, other<int>);
-bool register_kernels(std::initializer_list<const void*> fns);
+// Registers __global__ functions for eager loading, at static initialization:
+//   TL_REGISTER_KERNELS(my_kernel, other_kernel<int, 2>);
+void register_kernel(const void* fn);
+template <class... Kernels>
+bool register_kernels(Kernels... kernels) {
+  (register_kernel(reinterpret_cast<const void*>(kernels)), ...);
+  return true;
+}
 const std::vector<const void*>& registered_kernels();
 
 }  // namespace tilelink::cuda
 
 #define TL_KERNEL_CAT2(a, b) a##b
 #define TL_KERNEL_CAT(a, b) TL_KERNEL_CAT2(a, b)
-#define TL_REGISTER_KERNELS(...)                                         \
-  static const bool TL_KERNEL_CAT(tl_registered_kernels_, __LINE__) =   \
-      ::tilelink::cuda::register_kernels({TL_KERNEL_FNS_(__VA_ARGS__)})
-#define TL_KERNEL_FN_(k) reinterpret_cast<const void*>(&k)
-#define TL_KERNEL_FNS_(...) TL_KERNEL_MAP_(TL_KERNEL_FN_, __VA_ARGS__)
-// A small fixed-arity map (up to 8 kernels per line).
-#define TL_KERNEL_MAP_(f, ...) TL_KERNEL_SEL_(__VA_ARGS__, TL_KM8_, TL_KM7_, TL_KM6_, TL_KM5_, TL_KM4_, TL_KM3_, TL_KM2_, TL_KM1_)(f, __VA_ARGS__)
-#define TL_KERNEL_SEL_(_1, _2, _3, _4, _5, _6, _7, _8, N, ...) N
-#define TL_KM1_(f, a) f(a)
-#define TL_KM2_(f, a, ...) f(a), TL_KM1_(f, __VA_ARGS__)
-#define TL_KM3_(f, a, ...) f(a), TL_KM2_(f, __VA_ARGS__)
-#define TL_KM4_(f, a, ...) f(a), TL_KM3_(f, __VA_ARGS__)
-#define TL_KM5_(f, a, ...) f(a), TL_KM4_(f, __VA_ARGS__)
-#define TL_KM6_(f, a, ...) f(a), TL_KM5_(f, __VA_ARGS__)
-#define TL_KM7_(f, a, ...) f(a), TL_KM6_(f, __VA_ARGS__)
-#define TL_KM8_(f, a, ...) f(a), TL_KM7_(f, __VA_ARGS__)
+#define TL_REGISTER_KERNELS(...)                                       \
+  static const bool TL_KERNEL_CAT(tl_registered_kernels_, __LINE__) = \
+      ::tilelink::cuda::register_kernels(__VA_ARGS__)

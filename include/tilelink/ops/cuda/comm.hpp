@@ -1,0 +1,58 @@
+// The communication halves of AG+GEMM and GEMM+RS on the CUDA backend, from the same plans as the
+// CPU backend (ops/ag_gemm_plan.hpp, ops/gemm_rs_plan.hpp): the same orders, mappings, channels and
+// workspace, so they produce the same bits as tilelink::cpu's programs.
+//
+//   cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = W});
+//   auto ws = world.allocate(plan[0].ws.num_bytes);
+//   for (int r : world.local_ranks())
+//     cuda::launch_ag_comm(world, plan[r], ws.view(r), a[r], epoch, {cuda::CopyMethod::kBulk, 4});
+//   world.sync("ag_comm");
+//
+// Each launcher enqueues on world.stream(plan.rank) and returns; each starts with the op's entry
+// barrier on ws.barrier with `epoch` (every call uses the next epoch: 1, 2, ...). Inputs are
+// checked and refused (tilelink::Error) before anything is launched.
+#pragma once
+
+#include <cstdint>
+
+#include "tilelink/ops/ag_gemm_plan.hpp"
+#include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/runtime/world.hpp"
+
+namespace tilelink::cuda {
+
+enum class CopyMethod : uint8_t {
+  kVector,      // SMs, 16-byte vector loads/stores
+  kBulk,        // SMs, cp.async.bulk through shared memory (TMA engine)
+  kCopyEngine,  // cudaMemcpy2DAsync between stream wait/write-value operations
+};
+const char* copy_method_name(CopyMethod m);
+
+struct CommLaunch {
+  CopyMethod method = CopyMethod::kVector;
+  int workers = 1;     // thread blocks, one per SM (SM methods); at most the rank's SM count
+  int threads = 512;   // threads per block (vector method)
+};
+
+// AllGather half of AG+GEMM on rank p.rank: every comm tile into this rank's (pull) or every
+// rank's (push) `gathered`, in the plan's order, each announced on tile_ready[t] = epoch.
+// a = A_r [M_r, K] on the rank's device.
+void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap, const void* a,
+                    uint64_t epoch, const CommLaunch& how);
+
+// ReduceScatter half of GEMM+RS on rank p.rank: each reduce tile of its segment, once the gemm
+// tiles covering it are done on every source rank (pull: tile_done of each source; push: staged
+// here), summed over sources in rank order 0..W-1 in fp32, rounded once. c = C_r [M_r, N].
+// Vector or bulk: SM-driven (the bulk method is not used by the reduction; it reads peers with
+// vector loads). The copy engine cannot reduce: refused.
+void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
+                      uint64_t epoch, const CommLaunch& how);
+
+// The compute program's side of GEMM+RS for a finished partial P_r [M, N] (tests and benches
+// of the reduce half): entry barrier, then each gemm tile in the compute order published: pull:
+// copied into ws.partial and tile_done[t] = epoch; push: copied into each owner's staging slot of
+// this rank and staged[slot] = epoch on the owner.
+void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,
+                       const void* partial, uint64_t epoch, const CommLaunch& how);
+
+}  // namespace tilelink::cuda

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The one script that runs every GPU test and the primitive benchmark on a machine with a GPU.
+#   bash scripts/gpu_check.sh [bin-dir]
+# bin-dir: a folder of prebuilt executables (gpu_test_*, gpu_ipc_allgather, tilelink), e.g. the
+# .carry/cuda folder built on another machine; default: build/ (built here by scripts/setup.sh).
+# TILELINK_GPU_TESTS: a regex of test executables to run (default: all).
+# Logs go to $OUT when set (the device machine's result folder), else out/gpu_check; at most a few
+# files: summary.txt, tests.log, bench_prim.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-}
+if [ -z "$BIN" ]; then
+  bash scripts/setup.sh build >/dev/null || exit 1
+  BIN=build
+fi
+LOG=${OUT:-out/gpu_check}
+mkdir -p "$LOG"
+SUMMARY=$LOG/summary.txt
+: >"$SUMMARY"
+: >"$LOG/tests.log"
+
+# The CUDA libraries (cuBLAS, NCCL) live in the Python environment on the GPU machines.
+libdirs=$(find /opt /usr /root /home -name 'libcublas.so.13' -o -name 'libnccl.so.2' 2>/dev/null |
+          xargs -r -n1 dirname | sort -u | paste -sd: -)
+export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# Never NVLink multicast on shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+nvidia-smi -L >>"$SUMMARY" 2>&1 || echo "no nvidia-smi" >>"$SUMMARY"
+status=0
+run() {  # name, command...
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  echo "===== $name: $*" >>"$LOG/tests.log"
+  timeout 400 "$@" >>"$LOG/tests.log" 2>&1
+  local rc=$?
+  local dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  if [ $rc -eq 0 ]; then echo "PASS $name (${dt}s)" | tee -a "$SUMMARY"
+  else echo "FAIL $name rc=$rc (${dt}s)" | tee -a "$SUMMARY"; status=1; fi
+}
+
+for t in $(find "$BIN" -maxdepth 3 -type f -name 'gpu_test_*' -perm -u+x | sort); do
+  name=$(basename "$t")
+  [[ -n "${TILELINK_GPU_TESTS:-}" && ! "$name" =~ ${TILELINK_GPU_TESTS} ]] && continue
+  run "$name" "$t"
+  grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|tests ran" "$LOG/tests.log" | tail -n 3 >/dev/null
+done
+ipc=$(find "$BIN" -maxdepth 3 -type f -name 'gpu_ipc_allgather' | head -1)
+if [ -n "$ipc" ] && command -v mpirun >/dev/null; then
+  if [[ -z "${TILELINK_GPU_TESTS:-}" || "gpu_ipc_allgather" =~ ${TILELINK_GPU_TESTS} ]]; then
+    run gpu_ipc_allgather mpirun --allow-run-as-root --oversubscribe -np 2 -x LD_LIBRARY_PATH "$ipc"
+  fi
+else
+  echo "SKIP gpu_ipc_allgather (no binary or no mpirun)" | tee -a "$SUMMARY"
+fi
+cli=$(find "$BIN" -maxdepth 3 -type f -name 'tilelink' -perm -u+x | head -1)
+if [ -n "$cli" ]; then
+  echo "\$ tilelink bench prim ${TILELINK_BENCH_PRIM_ARGS:-}" >"$LOG/bench_prim.txt"
+  timeout 300 "$cli" bench prim ${TILELINK_BENCH_PRIM_ARGS:-} >>"$LOG/bench_prim.txt" 2>&1 &&
+    echo "PASS bench prim" | tee -a "$SUMMARY" || { echo "FAIL bench prim" | tee -a "$SUMMARY"; status=1; }
+  cat "$LOG/bench_prim.txt"
+fi
+grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG/tests.log" >>"$SUMMARY"
+echo "== summary ==" && cat "$SUMMARY"
+exit $status

@@ -1,0 +1,226 @@
+// The ReduceScatter half of GEMM+RS on the CUDA backend: the reduce program of
+// ops/gemm_rs_plan.hpp, and the compute program's publishing side for a finished partial.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+
+#include "launch.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
+#include "tilelink/ops/cuda/comm.hpp"
+
+namespace tilelink::cuda {
+
+namespace {
+
+// ---- element conversions: the same rounding as core/dtype.hpp on the host ----------------------
+template <DType D>
+struct Elem;
+template <>
+struct Elem<DType::kF32> {
+  using T = float;
+  static TL_DEVICE float load(T x) { return x; }
+  static TL_DEVICE T store(float v) { return v; }
+};
+template <>
+struct Elem<DType::kBF16> {
+  using T = __nv_bfloat16;
+  static TL_DEVICE float load(T x) { return __bfloat162float(x); }
+  static TL_DEVICE T store(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Elem<DType::kF16> {
+  using T = __half;
+  static TL_DEVICE float load(T x) { return __half2float(x); }
+  static TL_DEVICE T store(float v) { return __float2half_rn(v); }
+};
+
+// Where source s's copy of a reduce tile's first element lives, and its row stride (elements).
+struct Sources {
+  const std::byte* base[kMaxWorldSize];
+  int64_t ld;
+};
+
+// out[i, j] = sum over s = 0..W-1 (in that order) of src_s[i, j], fp32, one rounding: the same
+// reduction as the CPU backend's reduce_tile, so the same bits.
+template <DType D>
+__device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int64_t out_ld,
+                            int64_t rows, int64_t cols, Block block) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  constexpr int kVec = 16 / sizeof(T);
+  T* out = reinterpret_cast<T*>(out_b);
+  bool vec = cols % kVec == 0 && out_ld % kVec == 0 && src.ld % kVec == 0 &&
+             reinterpret_cast<uintptr_t>(out_b) % 16 == 0;
+  for (int s = 0; s < world; ++s) vec = vec && reinterpret_cast<uintptr_t>(src.base[s]) % 16 == 0;
+  if (vec) {
+    const int64_t per_row = cols / kVec, total = rows * per_row;
+    for (int64_t v = block.index(); v < total; v += block.size()) {
+      const int64_t i = v / per_row, j = (v - i * per_row) * kVec;
+      float acc[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[e] = 0.f;
+      for (int s = 0; s < world; ++s) {
+        uint4 raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(src.base[s]) + i * src.ld + j);
+        const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] += E::load(x[e]);
+      }
+      uint4 packed;
+      T* y = reinterpret_cast<T*>(&packed);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) y[e] = E::store(acc[e]);
+      *reinterpret_cast<uint4*>(out + i * out_ld + j) = packed;
+    }
+  } else {
+    const int64_t total = rows * cols;
+    for (int64_t v = block.index(); v < total; v += block.size()) {
+      const int64_t i = v / cols, j = v - i * cols;
+      float acc = 0.f;
+      for (int s = 0; s < world; ++s)
+        acc += E::load(reinterpret_cast<const T*>(src.base[s])[i * src.ld + j]);
+      out[i * out_ld + j] = E::store(acc);
+    }
+  }
+}
+
+// reduce program: every reduce tile of this rank's segment, after the gemm tiles covering it on
+// every source rank (peers first, own last, as on the CPU); sources summed in rank order.
+template <Scope S, bool kPush>
+__global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
+                                 uint64_t epoch) {
+  const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  const int64_t eb = p.elem_bytes();
+  const int64_t seg0 = p.rows.begin(ctx.rank);
+  for (int i = blockIdx.x; i < p.reduce_count(); i += gridDim.x) {
+    const Rect r = p.reduce_region(i);
+    const TileSpan span = p.waits_for(r);
+    if (block.leader()) {
+      for (int step = 1; step <= p.world_size; ++step) {
+        const int src = peer_at(ctx.rank, step, p.world_size);
+        for (int m = span.m_begin; m < span.m_end; ++m)
+          for (int n = span.n_begin; n < span.n_end; ++n) {
+            const int t = p.gemm.linear({m, n});
+            if constexpr (kPush)
+              consumer_tile_wait<S>(ctx, heap, p.ws.staged, p.staged_slot(src, t), epoch,
+                                    WaitSite{"staged", t});
+            else
+              peer_tile_wait<S>(ctx, heap, src, p.ws.tile_done, t, epoch, WaitSite{"tile_done", t});
+          }
+      }
+    }
+    block.sync();
+    Sources srcs;
+    srcs.ld = p.n;
+    for (int s = 0; s < p.world_size; ++s) {
+      if constexpr (kPush)
+        srcs.base[s] = heap.local(p.ws.staging) + (p.staging_offset_elems(s, r.row, ctx.rank) + r.col) * eb;
+      else
+        srcs.base[s] = heap.peer(s, p.ws.partial) + (r.row * p.n + r.col) * eb;
+    }
+    std::byte* out = static_cast<std::byte*>(c) + ((r.row - seg0) * p.n + r.col) * eb;
+    switch (p.dtype) {
+      case DType::kF32: reduce_rect<DType::kF32>(srcs, p.world_size, out, p.n, r.rows, r.cols, block); break;
+      case DType::kBF16: reduce_rect<DType::kBF16>(srcs, p.world_size, out, p.n, r.rows, r.cols, block); break;
+      case DType::kF16: reduce_rect<DType::kF16>(srcs, p.world_size, out, p.n, r.rows, r.cols, block); break;
+    }
+    // NOTE: no barrier needed before the next tile's waits: they only read signals.
+  }
+}
+
+// The compute program's publishing side, for a finished partial P_r [M, N].
+template <Scope S, bool kPush>
+__global__ void rs_publish_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx,
+                                  const void* partial, uint64_t epoch) {
+  const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  const int64_t eb = p.elem_bytes();
+  const std::byte* mine = static_cast<const std::byte*>(partial);
+  if (block.leader()) rank_barrier<S>(ctx, heap, p.ws.barrier, epoch);
+  block.sync();
+  for (int i = blockIdx.x; i < p.compute_order.count(); i += gridDim.x) {
+    const TileCoord tile = p.compute_order.at(i);
+    const Rect r = p.gemm.region(tile);
+    const int t = p.gemm.linear(tile);
+    if constexpr (!kPush) {
+      const int64_t off = (r.row * p.n + r.col) * eb;
+      tile_push_data(ctx, ctx.rank,
+                     Copy2D{mine + off, p.n * eb, heap.local(p.ws.partial) + off, p.n * eb, r.rows,
+                            r.cols * eb},
+                     block);
+      block.sync();
+      if (block.leader()) producer_tile_notify<S>(ctx, heap, p.ws.tile_done, t, epoch);
+    } else {
+      // Per owner whose rows the tile covers: into the owner's staging slot of this rank.
+      for (int owner = p.rows.owner_of_row(r.row); owner < p.world_size; ++owner) {
+        if (p.rows.begin(owner) >= r.row + r.rows) break;
+        const int64_t lo = max64(r.row, p.rows.begin(owner));
+        const int64_t hi = min64(r.row + r.rows, p.rows.end(owner));
+        if (hi <= lo) continue;
+        std::byte* dst = heap.peer(owner, p.ws.staging) +
+                         (p.staging_offset_elems(ctx.rank, lo, owner) + r.col) * eb;
+        tile_push_data(ctx, owner,
+                       Copy2D{mine + (lo * p.n + r.col) * eb, p.n * eb, dst, p.n * eb, hi - lo,
+                              r.cols * eb},
+                       block);
+        block.sync();
+        if (block.leader())
+          peer_tile_notify<S>(ctx, heap, owner, p.ws.staged, p.staged_slot(ctx.rank, t), epoch);
+      }
+    }
+  }
+}
+
+TL_REGISTER_KERNELS(rs_reduce_kernel<Scope::kGpu, false>, rs_reduce_kernel<Scope::kGpu, true>,
+                    rs_reduce_kernel<Scope::kSystem, false>, rs_reduce_kernel<Scope::kSystem, true>,
+                    rs_publish_kernel<Scope::kGpu, false>, rs_publish_kernel<Scope::kGpu, true>,
+                    rs_publish_kernel<Scope::kSystem, false>, rs_publish_kernel<Scope::kSystem, true>);
+
+void check(World& world, const GemmRsPlan& p, const SymmetricView& heap, const CommLaunch& how,
+           const char* op) {
+  TL_REQUIRE(p.world_size == world.size(), op << ": a plan for " << p.world_size
+                                              << " ranks in a world of " << world.size());
+  TL_REQUIRE(heap.rank == p.rank && heap.world_size == p.world_size,
+             op << ": the heap view is rank " << heap.rank << "'s, the plan rank " << p.rank << "'s");
+  TL_REQUIRE(how.method != CopyMethod::kCopyEngine,
+             op << ": the copy engine cannot reduce; use the vector method");
+  TL_REQUIRE(how.threads >= 32 && how.threads <= 1024 && how.threads % 32 == 0,
+             op << ": threads per block must be a multiple of 32 in [32, 1024], got " << how.threads);
+}
+
+template <Scope S>
+void reduce_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
+               uint64_t epoch, const CommLaunch& how) {
+  auto* k = p.config.mode == CommMode::kPush ? rs_reduce_kernel<S, true> : rs_reduce_kernel<S, false>;
+  detail::launch_on_rank(world, p.rank, "rs_reduce", k, how.workers, how.threads, 0, p, heap,
+                         world.device_context(p.rank), c, epoch);
+}
+
+template <Scope S>
+void publish_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, const void* partial,
+                uint64_t epoch, const CommLaunch& how) {
+  auto* k = p.config.mode == CommMode::kPush ? rs_publish_kernel<S, true> : rs_publish_kernel<S, false>;
+  detail::launch_on_rank(world, p.rank, "rs_publish", k, how.workers, how.threads, 0, p, heap,
+                         world.device_context(p.rank), partial, epoch);
+}
+
+}  // namespace
+
+void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
+                      uint64_t epoch, const CommLaunch& how) {
+  check(world, p, heap, how, "rs_reduce");
+  TL_REQUIRE(c || p.rows.size(p.rank) == 0, "rs_reduce: null C on rank " << p.rank);
+  TL_REQUIRE(epoch >= 1, "rs_reduce: epochs start at 1");
+  if (world.scope() == Scope::kGpu) reduce_at<Scope::kGpu>(world, p, heap, c, epoch, how);
+  else reduce_at<Scope::kSystem>(world, p, heap, c, epoch, how);
+}
+
+void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,
+                       const void* partial, uint64_t epoch, const CommLaunch& how) {
+  check(world, p, heap, how, "rs_publish");
+  TL_REQUIRE(partial, "rs_publish: null partial on rank " << p.rank);
+  TL_REQUIRE(epoch >= 1, "rs_publish: epochs start at 1");
+  if (world.scope() == Scope::kGpu) publish_at<Scope::kGpu>(world, p, heap, partial, epoch, how);
+  else publish_at<Scope::kSystem>(world, p, heap, partial, epoch, how);
+}
+
+}  // namespace tilelink::cuda
