@@ -30,11 +30,11 @@ nvidia-smi -L >>"$SUMMARY" 2>&1 || echo "no nvidia-smi" >>"$SUMMARY"
 status=0
 run() {  # name, command...
   local name=$1; shift
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s)
   echo "===== $name: $*" >>"$LOG/tests.log"
-  timeout 400 "$@" >>"$LOG/tests.log" 2>&1
+  timeout "${TILELINK_TEST_TIMEOUT:-300}" "$@" >>"$LOG/tests.log" 2>&1
   local rc=$?
-  local dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  local dt=$(( $(date +%s) - t0 ))
   if [ $rc -eq 0 ]; then echo "PASS $name (${dt}s)" | tee -a "$SUMMARY"
   else echo "FAIL $name rc=$rc (${dt}s)" | tee -a "$SUMMARY"; status=1; fi
 }
@@ -43,7 +43,6 @@ for t in $(find "$BIN" -maxdepth 3 -type f -name 'gpu_test_*' -perm -u+x | sort)
   name=$(basename "$t")
   [[ -n "${TILELINK_GPU_TESTS:-}" && ! "$name" =~ ${TILELINK_GPU_TESTS} ]] && continue
   run "$name" "$t"
-  grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|tests ran" "$LOG/tests.log" | tail -n 3 >/dev/null
 done
 ipc=$(find "$BIN" -maxdepth 3 -type f -name 'gpu_ipc_allgather' | head -1)
 if [ -n "$ipc" ] && command -v mpirun >/dev/null; then
