@@ -211,6 +211,9 @@ void World::load_registered_kernels() const {
 void World::load_kernel(const void* fn) const {
   for (int r : local_ranks_) {
     bind(r);
+    // Querying the attributes loads the kernel's module in the current (green) context.
+    cudaFuncAttributes attr;
+    TL_CUDA_CHECK(cudaFuncGetAttributes(&attr, fn));
     cudaFunction_t f;
     TL_CUDA_CHECK(cudaGetFuncBySymbol(&f, fn));
     CUfunctionLoadingState state;
