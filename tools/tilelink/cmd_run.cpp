@@ -166,12 +166,16 @@ int run_op(Args& args, const std::string& op) {
   const bool cuda_op = false;
 #endif
   if (p.backend == "auto") {
-    // The CUDA backend when a GPU is present and this build has the op on it; otherwise the CPU.
+    // The CUDA backend when a GPU is present and this build has a verified CUDA implementation of
+    // the op; otherwise the CPU backend.
+    // NOTE: the CUDA AG+GEMM passed on the GPU at world 1 only; at world 2 it hung (see
+    // bench/notes/ag_gemm_cuda.md), so auto does not pick it until that is fixed.
+    constexpr bool kCudaOpVerified = false;
     int gpus = cuda_device_count();
-    p.backend = gpus > 0 && cuda_op && p.dtype == DType::kBF16 ? "cuda" : "cpu";
+    p.backend = gpus > 0 && cuda_op && kCudaOpVerified && p.dtype == DType::kBF16 ? "cuda" : "cpu";
     if (gpus > 0 && p.backend == "cpu")
-      std::printf("note: %d GPU(s) found, but %s %s has no CUDA implementation in this build; "
-                  "using the CPU backend\n", gpus, std::string(dtype_name(p.dtype)).c_str(), op.c_str());
+      std::printf("note: %d GPU(s) found, but this build has no verified CUDA %s %s; using the CPU "
+                  "backend\n", gpus, std::string(dtype_name(p.dtype)).c_str(), op.c_str());
   }
   TL_REQUIRE(p.backend == "cpu" || cuda_op, op << " has no CUDA implementation in this build yet: use "
                                                   "--backend cpu");
