@@ -3,6 +3,9 @@
 #include "tilelink/runtime/world.hpp"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -62,6 +65,48 @@ struct World::Rank {
   cudaStream_t stream = nullptr;
 };
 
+// Green contexts (with one stream each) for a split of a device, made once per process and kept.
+// NOTE: never destroyed: the CUDA runtime keeps per-context state keyed by the context handle, and
+// a new green context that reuses a destroyed one's handle was refused there
+// (cudaErrorContextIsDestroyed at launch). Worlds of the same split share them, one world at a time.
+struct GreenRank {
+  CUgreenCtx green = nullptr;
+  CUcontext ctx = nullptr;
+  cudaStream_t stream = nullptr;
+  int sm_count = 0;
+};
+
+const std::vector<GreenRank>& green_contexts(CUdevice dev, int device, int n, int per, int total) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, std::vector<GreenRank>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(device, n, per);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  CUdevResource all;
+  TL_CU_CHECK(::tilelink::cuda::driver::cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
+  std::vector<CUdevResource> groups(n);
+  unsigned int made = static_cast<unsigned int>(n);
+  CUdevResource rest;
+  TL_CU_CHECK(::tilelink::cuda::driver::cuDevSmResourceSplitByCount(groups.data(), &made, &all, &rest, 0,
+                                          static_cast<unsigned int>(per)));
+  TL_REQUIRE(static_cast<int>(made) >= n, "world: the driver split the GPU's " << total
+                                              << " SMs into only " << made << " groups of "
+                                              << per << ", need " << n);
+  std::vector<GreenRank> out(n);
+  for (int r = 0; r < n; ++r) {
+    out[r].sm_count = static_cast<int>(groups[r].sm.smCount);
+    CUdevResourceDesc desc;
+    TL_CU_CHECK(::tilelink::cuda::driver::cuDevResourceGenerateDesc(&desc, &groups[r], 1));
+    TL_CU_CHECK(::tilelink::cuda::driver::cuGreenCtxCreate(&out[r].green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    TL_CU_CHECK(::tilelink::cuda::driver::cuCtxFromGreenCtx(&out[r].ctx, out[r].green));
+    CUstream s;
+    TL_CU_CHECK(::tilelink::cuda::driver::cuGreenCtxStreamCreate(&s, out[r].green, CU_STREAM_NON_BLOCKING, 0));
+    out[r].stream = reinterpret_cast<cudaStream_t>(s);
+  }
+  return cache.emplace(key, std::move(out)).first->second;
+}
+
 // ---- construction -----------------------------------------------------------------------------
 
 World::World(const WorldOptions& options) : options_(options) {
@@ -89,11 +134,11 @@ void World::init_virtual() {
              "world: device " << options_.device << " not present (" << count << " GPUs)");
   TL_CUDA_CHECK(cudaSetDevice(options_.device));
   TL_CUDA_CHECK(cudaFree(nullptr));  // the primary context, before the green contexts
-  TL_CU_CHECK(cuInit(0));
+  TL_CU_CHECK(::tilelink::cuda::driver::cuInit(0));
   CUdevice dev;
-  TL_CU_CHECK(cuDeviceGet(&dev, options_.device));
+  TL_CU_CHECK(::tilelink::cuda::driver::cuDeviceGet(&dev, options_.device));
   CUdevResource all;
-  TL_CU_CHECK(cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
+  TL_CU_CHECK(::tilelink::cuda::driver::cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
   const int total = static_cast<int>(all.sm.smCount);
   const int align = static_cast<int>(all.sm.smCoscheduledAlignment ? all.sm.smCoscheduledAlignment : 1);
   const int min_part = static_cast<int>(all.sm.minSmPartitionSize ? all.sm.minSmPartitionSize : 1);
@@ -104,28 +149,17 @@ void World::init_virtual() {
                                    << " SMs each on a GPU of " << total
                                    << " SMs (partitions of at least " << min_part
                                    << " SMs, in steps of " << align << ")");
-  std::vector<CUdevResource> groups(n);
-  unsigned int made = static_cast<unsigned int>(n);
-  CUdevResource rest;
-  TL_CU_CHECK(cuDevSmResourceSplitByCount(groups.data(), &made, &all, &rest, 0,
-                                          static_cast<unsigned int>(per)));
-  TL_REQUIRE(static_cast<int>(made) >= n, "world: the driver split the GPU's " << total
-                                              << " SMs into only " << made << " groups of "
-                                              << per << ", need " << n);
   size_ = n;
   ranks_.resize(n);
+  const std::vector<GreenRank>& greens = green_contexts(dev, options_.device, n, per, total);
   for (int r = 0; r < n; ++r) {
     auto rk = std::make_unique<Rank>();
     rk->rank = r;
     rk->device = options_.device;
-    rk->sm_count = static_cast<int>(groups[r].sm.smCount);
-    CUdevResourceDesc desc;
-    TL_CU_CHECK(cuDevResourceGenerateDesc(&desc, &groups[r], 1));
-    TL_CU_CHECK(cuGreenCtxCreate(&rk->green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
-    TL_CU_CHECK(cuCtxFromGreenCtx(&rk->ctx, rk->green));
-    CUstream s;
-    TL_CU_CHECK(cuGreenCtxStreamCreate(&s, rk->green, CU_STREAM_NON_BLOCKING, 0));
-    rk->stream = reinterpret_cast<cudaStream_t>(s);
+    rk->sm_count = greens[r].sm_count;
+    rk->green = greens[r].green;
+    rk->ctx = greens[r].ctx;
+    rk->stream = greens[r].stream;
     ranks_[r] = std::move(rk);
     local_ranks_.push_back(r);
   }
@@ -217,8 +251,8 @@ void World::load_kernel(const void* fn) const {
     cudaFunction_t f;
     TL_CUDA_CHECK(cudaGetFuncBySymbol(&f, fn));
     CUfunctionLoadingState state;
-    TL_CU_CHECK(cuFuncIsLoaded(&state, reinterpret_cast<CUfunction>(f)));
-    if (state != CU_FUNCTION_LOADING_STATE_LOADED) TL_CU_CHECK(cuFuncLoad(reinterpret_cast<CUfunction>(f)));
+    TL_CU_CHECK(::tilelink::cuda::driver::cuFuncIsLoaded(&state, reinterpret_cast<CUfunction>(f)));
+    if (state != CU_FUNCTION_LOADING_STATE_LOADED) TL_CU_CHECK(::tilelink::cuda::driver::cuFuncLoad(reinterpret_cast<CUfunction>(f)));
   }
 }
 
@@ -227,8 +261,7 @@ World::~World() {
   for (auto& rk : ranks_) {
     if (!rk) continue;
     if (rk->green) {
-      cuStreamDestroy(reinterpret_cast<CUstream>(rk->stream));
-      cuGreenCtxDestroy(rk->green);
+      continue;  // kept for the process (green_contexts())
     } else if (rk->stream) {
       cudaSetDevice(rk->device);
       cudaStreamDestroy(rk->stream);
@@ -259,7 +292,7 @@ cudaStream_t World::stream(int rank) const {
 void World::bind(int rank) const {
   TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
   const Rank& rk = *ranks_[rank];
-  if (rk.ctx) TL_CU_CHECK(cuCtxSetCurrent(rk.ctx));
+  if (rk.ctx) TL_CU_CHECK(::tilelink::cuda::driver::cuCtxSetCurrent(rk.ctx));
   else TL_CUDA_CHECK(cudaSetDevice(rk.device));
 }
 

@@ -20,9 +20,13 @@ namespace {
 
 using namespace tilelink::cuda;
 
-constexpr int kBulkStages = 4;
-constexpr uint32_t kBulkStageBytes = 48 * 1024;
-constexpr size_t kBulkSmem = kBulkStages * kBulkStageBytes + kBulkStages * 8;
+// Bulk copies: `pipes` independent pipelines per block (one issuing thread each, in its own warp),
+// each of `stages` shared-memory stages; set by --bulk-pipes/--bulk-stages/--bulk-stage-kib.
+struct BulkShape {
+  int pipes = 2, stages = 4;
+  uint32_t stage_bytes = 24 * 1024;
+  size_t smem() const { return size_t(pipes) * stages * (stage_bytes + 8); }
+};
 // NOTE: the vector kernel asks for this much (unused) shared memory so that exactly one block runs
 // per SM: the SM count of a measurement is its grid size.
 constexpr size_t kOneBlockPerSmSmem = 160 * 1024;
@@ -43,29 +47,33 @@ __global__ void pingpong(SymmetricView heap, DeviceContext ctx, Field<Signal> f,
   }
 }
 
-// This block's contiguous slice of a flat copy (16-byte granules).
-__device__ Copy2D slice_of(const Copy2D& all) {
-  const int64_t granules = all.row_bytes / 16;
-  const int64_t per = (granules + gridDim.x - 1) / gridDim.x;
-  const int64_t b = min64(granules, per * blockIdx.x), e = min64(granules, b + per);
-  return Copy2D{static_cast<const char*>(all.src) + b * 16, 0, static_cast<char*>(all.dst) + b * 16,
-                0, 1, (e - b) * 16};
+// Part `part` of `parts` of a flat copy, cut at 128-byte lines so that every part starts aligned.
+__device__ Copy2D slice_of(const Copy2D& all, int64_t part, int64_t parts) {
+  const int64_t lines = all.row_bytes / 128;
+  const int64_t per = (lines + parts - 1) / parts;
+  const int64_t b = min64(lines, per * part), e = part == parts - 1 ? -1 : min64(lines, b + per);
+  const int64_t end = e < 0 ? all.row_bytes : e * 128;
+  return Copy2D{static_cast<const char*>(all.src) + b * 128, 0, static_cast<char*>(all.dst) + b * 128,
+                0, 1, end - b * 128};
 }
 
 __global__ void bw_vector(DeviceContext ctx, Copy2D all, int peer, bool push) {
-  const Copy2D c = slice_of(all);
+  const Copy2D c = slice_of(all, blockIdx.x, gridDim.x);
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   if (push) tile_push_data(ctx, peer, c, block);
   else tile_pull_data(ctx, peer, c, block);
 }
 
-__global__ void bw_bulk(DeviceContext ctx, Copy2D all, int peer, bool push) {
+__global__ void bw_bulk(DeviceContext ctx, Copy2D all, int peer, bool push, BulkShape shape) {
   extern __shared__ __align__(128) unsigned char smem[];
-  if (threadIdx.x != 0) return;
-  const Copy2D c = slice_of(all);
+  if (threadIdx.x % 32 != 0) return;
+  const int pipe_id = threadIdx.x / 32;
+  const Copy2D c = slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes);
+  unsigned char* mine = smem + size_t(pipe_id) * shape.stages * shape.stage_bytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(shape.pipes) * shape.stages * shape.stage_bytes) +
+                   pipe_id * shape.stages;
   BulkPipe pipe;
-  pipe.init(smem, reinterpret_cast<uint64_t*>(smem + kBulkStages * kBulkStageBytes), kBulkStages,
-            kBulkStageBytes, ctx);
+  pipe.init(mine, bars, shape.stages, shape.stage_bytes, ctx);
   if (push) tile_push_data(ctx, peer, c, pipe);
   else tile_pull_data(ctx, peer, c, pipe);
 }
@@ -109,7 +117,13 @@ int bench_prim(Args& args) {
   const double target = args.get_double("--target-gbps", 450);
   const int threads = static_cast<int>(args.get_int("--threads", 1024));
   const bool csv = args.flag("--csv");
+  BulkShape shape;
+  shape.pipes = static_cast<int>(args.get_int("--bulk-pipes", shape.pipes));
+  shape.stages = static_cast<int>(args.get_int("--bulk-stages", shape.stages));
+  shape.stage_bytes = static_cast<uint32_t>(args.get_int("--bulk-stage-kib", shape.stage_bytes / 1024) * 1024);
   args.finish();
+  TL_REQUIRE(shape.pipes >= 1 && shape.pipes <= 32 && shape.stages >= 2 && shape.stage_bytes >= 1024,
+             "--bulk-pipes in [1, 32], --bulk-stages >= 2, --bulk-stage-kib >= 1");
   TL_REQUIRE(bytes >= (1 << 20) && bytes % 16 == 0, "--bytes must be >= 1 MiB and a multiple of 16");
   TL_REQUIRE(reps >= 1 && iters >= 1, "--reps and --iters must be >= 1");
   TL_REQUIRE(threads >= 32 && threads <= 1024 && threads % 32 == 0, "--threads: a multiple of 32 up to 1024");
@@ -128,8 +142,11 @@ int bench_prim(Args& args) {
   const DeviceContext ctx = w.device_context(0);
   cudaStream_t s0 = w.stream(0);
   w.bind(0);
+  TL_REQUIRE(shape.smem() <= static_cast<size_t>(prop.sharedMemPerBlockOptin),
+             "bulk pipelines need " << shape.smem() << " bytes of shared memory, the GPU gives a block "
+                                    << prop.sharedMemPerBlockOptin);
   TL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(bw_bulk),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkSmem)));
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(shape.smem())));
   TL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(bw_vector),
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOneBlockPerSmSmem)));
 
@@ -157,7 +174,10 @@ int bench_prim(Args& args) {
     const Copy2D all = m.push ? Copy2D{local, 0, remote, 0, 1, bytes} : Copy2D{remote, 0, local, 0, 1, bytes};
     for (int n = 1; n <= max_sms; ++n) {
       double ms = time_ms(s0, w, reps, [&] {
-        if (m.bulk) bw_bulk<<<n, 32, kBulkSmem, s0>>>(ctx, all, 1, m.push);
+        // NOTE: the bulk kernel's shared memory may let two blocks share an SM when small; the
+        // vector kernel's padding keeps one per SM, so the grid is the SM count for both only when
+        // shape.smem() > half an SM's shared memory (the default shape is).
+        if (m.bulk) bw_bulk<<<n, 32 * shape.pipes, shape.smem(), s0>>>(ctx, all, 1, m.push, shape);
         else bw_vector<<<n, threads, kOneBlockPerSmSmem, s0>>>(ctx, all, 1, m.push);
         TL_CUDA_CHECK(cudaGetLastError());
       });
@@ -194,9 +214,11 @@ int bench_prim(Args& args) {
     return 0;
   }
   std::printf("tilelink bench prim: %s, %d SMs; virtual world of 2 ranks (%d + %d SMs); %lld MiB copies; "
-              "median of %d after warm-up; %d round trips per latency sample\n",
+              "median of %d after warm-up; %d round trips per latency sample; vector: %d threads, "
+              "8 x 16 B in flight each; bulk: %d pipes x %d stages x %u KiB per SM\n",
               prop.name, prop.multiProcessorCount, w.sm_count(0), w.sm_count(1),
-              static_cast<long long>(bytes >> 20), reps, iters);
+              static_cast<long long>(bytes >> 20), reps, iters, threads, shape.pipes, shape.stages,
+              shape.stage_bytes / 1024);
   std::printf("%-26s %-5s", "measurement", "unit");
   for (int n : cols) std::printf(" %7s", (std::to_string(n) + "SM").c_str());
   std::printf("  %s\n", (std::string("SMs for ") + std::to_string(static_cast<int>(target)) + " GB/s").c_str());
@@ -214,7 +236,7 @@ int bench_prim(Args& args) {
 
 TILELINK_REGISTER_COMMAND("bench prim",
                           "[--bytes N] [--reps N] [--iters N] [--max-sms N] [--threads N] "
-                          "[--target-gbps X] [--csv]",
+                          "[--target-gbps X] [--bulk-pipes N] [--bulk-stages N] [--bulk-stage-kib N] [--csv]",
                           "signal latency per scope, SM copy bandwidth vs SMs, copy engine", bench_prim,
                           {"--csv"});
 

@@ -12,7 +12,8 @@
 //   virtual  N ranks (1..8 or more, as the SMs allow) in this process on ONE GPU; rank r is a green
 //            context holding its own share of the SMs (split evenly, granularity from the driver),
 //            with its own stream. Kernels of different ranks run concurrently on disjoint SMs, so a
-//            rank may spin on another rank's signals.
+//            rank may spin on another rank's signals. The green contexts of a split are made once
+//            per process and kept (worlds of the same size reuse them: one such world at a time).
 //   peer     one process drives world_size GPUs with peer access (rank r = device r).
 //   ipc      one process per rank, launched by mpirun; this process holds rank = MPI rank on
 //            device (local rank % device count); buffers are exchanged as CUDA IPC handles
