@@ -1,6 +1,8 @@
 #include "tilelink/runtime/info.hpp"
 
 #include <cuda.h>
+
+#include "tilelink/backend/cuda/driver.hpp"
 #include <cuda_runtime_api.h>
 
 #include <sstream>
@@ -28,12 +30,12 @@ std::string cuda_info() {
        << " KiB shared memory per block (opt-in)\n";
     CUdevice dev;
     CUdevResource sm;
-    if (cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, d) == CUDA_SUCCESS &&
-        cuDeviceGetDevResource(dev, &sm, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS)
+    if (::tilelink::cuda::driver::cuInit(0) == CUDA_SUCCESS && ::tilelink::cuda::driver::cuDeviceGet(&dev, d) == CUDA_SUCCESS &&
+        ::tilelink::cuda::driver::cuDeviceGetDevResource(dev, &sm, CU_DEV_RESOURCE_TYPE_SM) == CUDA_SUCCESS)
       os << "  green contexts: " << sm.sm.smCount << " SMs, partitions of >= "
          << sm.sm.minSmPartitionSize << " SMs in steps of " << sm.sm.smCoscheduledAlignment << "\n";
     int mem64 = 0;
-    cuDeviceGetAttribute(&mem64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev);
+    ::tilelink::cuda::driver::cuDeviceGetAttribute(&mem64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev);
     os << "  64-bit stream wait/write value: " << (mem64 ? "yes" : "no") << "\n";
     for (int q = 0; q < count; ++q) {
       if (q == d) continue;

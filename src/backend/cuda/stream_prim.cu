@@ -22,13 +22,13 @@ void check(const StreamContext& ctx, const SymmetricView& heap, int owner, Field
 void write_value(const StreamContext& ctx, uint64_t* addr, uint64_t value) {
   // NOTE: flags 0 = the write waits for the stream's earlier work and is preceded by a memory
   // barrier: a release.
-  TL_CU_CHECK(cuStreamWriteValue64(reinterpret_cast<CUstream>(ctx.stream),
+  TL_CU_CHECK(::tilelink::cuda::driver::cuStreamWriteValue64(reinterpret_cast<CUstream>(ctx.stream),
                                    reinterpret_cast<CUdeviceptr>(addr), value, 0));
 }
 
 void wait_value(const StreamContext& ctx, uint64_t* addr, int owner, int slot, uint64_t target,
                 WaitSite site) {
-  TL_CU_CHECK(cuStreamWaitValue64(reinterpret_cast<CUstream>(ctx.stream),
+  TL_CU_CHECK(::tilelink::cuda::driver::cuStreamWaitValue64(reinterpret_cast<CUstream>(ctx.stream),
                                   reinterpret_cast<CUdeviceptr>(addr), target,
                                   CU_STREAM_WAIT_VALUE_GEQ));
   ctx.world->note_stream_wait({ctx.rank, owner, slot, site.tile, site.field, addr, target});

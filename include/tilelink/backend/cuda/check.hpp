@@ -2,7 +2,7 @@
 // throws tilelink::Error naming the call, the CUDA error and file:line.
 //
 //   TL_CUDA_CHECK(cudaMalloc(&p, bytes));          // runtime API (cudaError_t)
-//   TL_CU_CHECK(cuStreamWaitValue64(s, a, v, 0));  // driver API (CUresult)
+//   TL_CU_CHECK(::tilelink::cuda::driver::cuStreamWaitValue64(s, a, v, 0));  // driver API (CUresult)
 #pragma once
 
 #include <cuda.h>
@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "tilelink/backend/cuda/driver.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::detail {
@@ -25,8 +26,8 @@ namespace tilelink::detail {
 [[noreturn]] inline void throw_cu_error(CUresult e, const char* call, const char* file, int line) {
   const char* name = nullptr;
   const char* what = nullptr;
-  cuGetErrorName(e, &name);
-  cuGetErrorString(e, &what);
+  ::tilelink::cuda::driver::cuGetErrorName(e, &name);
+  ::tilelink::cuda::driver::cuGetErrorString(e, &what);
   std::ostringstream os;
   os << call << " failed: " << (name ? name : "CUDA_ERROR_?") << " (" << (what ? what : "?") << ")";
   throw_error(file, line, os.str());
