@@ -23,7 +23,7 @@ using namespace tilelink::cuda;
 // Bulk copies: `pipes` independent pipelines per block (one issuing thread each, in its own warp),
 // each of `stages` shared-memory stages; set by --bulk-pipes/--bulk-stages/--bulk-stage-kib.
 struct BulkShape {
-  int pipes = 2, stages = 4;
+  int pipes = 2, stages = 4, prefetch = 0;
   uint32_t stage_bytes = 24 * 1024;
   size_t smem() const { return size_t(pipes) * stages * (stage_bytes + 8); }
 };
@@ -74,6 +74,7 @@ __global__ void bw_bulk(DeviceContext ctx, Copy2D all, int peer, bool push, Bulk
                    pipe_id * shape.stages;
   BulkPipe pipe;
   pipe.init(mine, bars, shape.stages, shape.stage_bytes, ctx);
+  pipe.set_prefetch(shape.prefetch);
   if (push) tile_push_data(ctx, peer, c, pipe);
   else tile_pull_data(ctx, peer, c, pipe);
 }
@@ -120,6 +121,7 @@ int bench_prim(Args& args) {
   BulkShape shape;
   shape.pipes = static_cast<int>(args.get_int("--bulk-pipes", shape.pipes));
   shape.stages = static_cast<int>(args.get_int("--bulk-stages", shape.stages));
+  shape.prefetch = static_cast<int>(args.get_int("--bulk-prefetch", shape.prefetch));
   shape.stage_bytes = static_cast<uint32_t>(args.get_int("--bulk-stage-kib", shape.stage_bytes / 1024) * 1024);
   args.finish();
   TL_REQUIRE(shape.pipes >= 1 && shape.pipes <= 32 && shape.stages >= 2 && shape.stage_bytes >= 1024,
@@ -215,10 +217,10 @@ int bench_prim(Args& args) {
   }
   std::printf("tilelink bench prim: %s, %d SMs; virtual world of 2 ranks (%d + %d SMs); %lld MiB copies; "
               "median of %d after warm-up; %d round trips per latency sample; vector: %d threads, "
-              "8 x 16 B in flight each; bulk: %d pipes x %d stages x %u KiB per SM\n",
+              "8 x 16 B in flight each; bulk: %d pipes x %d stages x %u KiB per SM, L2 prefetch %d chunks ahead\n",
               prop.name, prop.multiProcessorCount, w.sm_count(0), w.sm_count(1),
               static_cast<long long>(bytes >> 20), reps, iters, threads, shape.pipes, shape.stages,
-              shape.stage_bytes / 1024);
+              shape.stage_bytes / 1024, shape.prefetch);
   std::printf("%-26s %-5s", "measurement", "unit");
   for (int n : cols) std::printf(" %7s", (std::to_string(n) + "SM").c_str());
   std::printf("  %s\n", (std::string("SMs for ") + std::to_string(static_cast<int>(target)) + " GB/s").c_str());
@@ -236,7 +238,7 @@ int bench_prim(Args& args) {
 
 TILELINK_REGISTER_COMMAND("bench prim",
                           "[--bytes N] [--reps N] [--iters N] [--max-sms N] [--threads N] "
-                          "[--target-gbps X] [--bulk-pipes N] [--bulk-stages N] [--bulk-stage-kib N] [--csv]",
+                          "[--target-gbps X] [--bulk-pipes N] [--bulk-stages N] [--bulk-stage-kib N] [--bulk-prefetch CHUNKS] [--csv]",
                           "signal latency per scope, SM copy bandwidth vs SMs, copy engine", bench_prim,
                           {"--csv"});
 

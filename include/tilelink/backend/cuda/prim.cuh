@@ -129,6 +129,9 @@ class BulkPipe {
   TL_DEVICE void copy(const void* src, void* dst, uint64_t bytes);
   // Copy2D: contiguous or per row; unaligned copies fall back to a one-thread vector copy.
   TL_DEVICE void copy(const Copy2D& c);
+  // Also prefetch the source into L2 (cp.async.bulk.prefetch.L2) this many chunks ahead of the
+  // loads (0 = off).
+  TL_DEVICE void set_prefetch(int chunks) { prefetch_ = chunks < 0 ? 0 : chunks; }
 
  private:
   TL_DEVICE void load(uint64_t chunk, const char* src, uint32_t bytes);
@@ -138,6 +141,7 @@ class BulkPipe {
   int stages_ = 1;
   uint32_t stage_bytes_ = 0;
   uint64_t loaded_ = 0;  // chunks loaded over the pipe's life: chunk c uses stage c % stages
+  int prefetch_ = 0;
   DeviceContext ctx_{};
 };
 

@@ -6,6 +6,13 @@
 
 namespace tilelink::cuda {
 
+namespace detail {
+// NOTE: hand-written: CCCL's cuda::ptx has no cp.async.bulk.prefetch (PTX ISA 8.0, sm_90).
+TL_DEVICE TL_INLINE void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+}  // namespace detail
+
 TL_DEVICE inline void BulkPipe::init(void* smem, uint64_t* bars, int stages, uint32_t stage_bytes,
                                      const DeviceContext& ctx) {
   smem_ = static_cast<char*>(smem);
@@ -52,6 +59,10 @@ TL_DEVICE inline void BulkPipe::copy(const void* src_v, void* dst_v, uint64_t by
   };
   const uint64_t prefetch = n < static_cast<uint64_t>(stages_) ? n : stages_;
   for (uint64_t j = 0; j < prefetch; ++j) load(first + j, src + j * sb, chunk_bytes(j));
+  const uint64_t ahead = static_cast<uint64_t>(prefetch_);
+  if (ahead)
+    for (uint64_t k = stages_; k < n && k < stages_ + ahead; ++k)
+      detail::prefetch_l2(src + k * sb, chunk_bytes(k));
   for (uint64_t j = 0; j < n; ++j) {
     wait_loaded(first + j);
     ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, dst + j * sb,
@@ -62,6 +73,7 @@ TL_DEVICE inline void BulkPipe::copy(const void* src_v, void* dst_v, uint64_t by
       ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<1>{});
       uint64_t next = j - 1 + stages_;
       load(first + next, src + next * sb, chunk_bytes(next));
+      if (ahead && next + ahead < n) detail::prefetch_l2(src + (next + ahead) * sb, chunk_bytes(next + ahead));
     }
   }
   loaded_ = first + n;
