@@ -4,6 +4,9 @@
 
 #include <cublas_v2.h>
 
+#include <cuda/atomic>
+#include <cuda/ptx>
+
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/backend/cuda/stream_prim.hpp"
@@ -26,15 +29,39 @@ struct AgGemmWaitHooks {
   int tiles_n = 0;
   uint64_t epoch = 0;
 
+  // NOTE: no function calls in here (not even a noinline error path with printf): a kernel that
+  // calls any function gets its wgmma serialised by ptxas (C7510), ~7% slower (bench/notes/gemm.md).
+  // So the bounded acquire spin is written out, and a timeout records the world's fault (reported by
+  // World::sync) and traps without printing.
   __device__ void before_tile_loads(TileCoord tile, Rect region) {
     const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
     unsigned lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
-    // NOTE: system scope: the copy engine's stream write-values and a peer GPU's stores both count.
-    for (int s = ids.begin + static_cast<int>(lane); s < ids.end; s += 32)
-      consumer_tile_wait<Scope::kSystem>(ctx, heap, tile_ready, s, epoch,
-                                         WaitSite{"tile_ready", tile.m * tiles_n + tile.n});
-    __syncwarp();
+    // System scope: the copy engine's stream write-values and a peer GPU's stores both count.
+    for (int s = ids.begin + static_cast<int>(lane); s < ids.end; s += 32) {
+      ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(heap.local(tile_ready)[s]);
+      uint64_t seen = sig.load(::cuda::memory_order_acquire);
+      if (seen >= epoch) continue;
+      const uint64_t t0 = ::cuda::ptx::get_sreg_globaltimer();
+      for (uint32_t spins = 1; seen < epoch; ++spins) {
+        seen = sig.load(::cuda::memory_order_acquire);
+        if ((spins & 255u) == 0 && ::cuda::ptx::get_sreg_globaltimer() - t0 > ctx.timeout_ns) {
+          if (ctx.fault && atomicCAS_system(&ctx.fault->claimed, 0u, 1u) == 0u) {
+            ctx.fault->rank = ctx.rank;
+            ctx.fault->owner = ctx.rank;
+            ctx.fault->tile = tile.m * tiles_n + tile.n;
+            ctx.fault->slot = s;
+            ctx.fault->kind = 0;
+            ctx.fault->expected = epoch;
+            ctx.fault->observed = seen;
+            ctx.fault->waited_ns = ::cuda::ptx::get_sreg_globaltimer() - t0;
+            __threadfence_system();
+          }
+          __trap();
+        }
+      }
+    }
+    __syncwarp();  // the engine adds fence.proxy.async before its TMA loads
   }
   __device__ void after_tile_stored(TileCoord, Rect) {}
 };
