@@ -204,13 +204,20 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
                  const std::vector<void*>& c) {
   check_args(a, b, c);
   const uint64_t epoch = ++epoch_;
+  // NOTE: every rank's GEMM is launched before any comm program is enqueued. A launch that fails
+  // then leaves nothing behind but GEMMs whose waits time out (bounded); enqueued the other way, it
+  // left peers' stream waits blocked for good, and the next device synchronisation hung.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     cudaStream_t s = world_.stream(r), q = comm_streams_[r];
     TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));  // the previous call's GEMM is done with `gathered`
     TL_CUDA_CHECK(cudaStreamWaitEvent(q, fork_[r]));
-    enqueue_comm(r, a[r], epoch);
     enqueue_gemm(r, b[r], c[r], epoch);
+  }
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    cudaStream_t s = world_.stream(r), q = comm_streams_[r];
+    enqueue_comm(r, a[r], epoch);
     TL_CUDA_CHECK(cudaEventRecord(join_[r], q));  // the call ends when both programs have
     TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
   }
@@ -243,6 +250,9 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
                          const std::vector<void*>& c) {
   check_args(a, b, c);
   const uint64_t e1 = ++epoch_, e2 = ++epoch_;
+  // AllGather on the copy engine, every rank: barrier, own segment into every rank, barrier.
+  // NOTE: all of it is enqueued before any cuBLAS call, so a failing call cannot strand a peer's
+  // stream wait.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     const AgGemmPlan& p = plans_[r];
@@ -250,7 +260,6 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
     SymmetricView heap = ws_.view(r);
     const int64_t rb = p.row_bytes();
     const RowRange own{p.comm.parts.begin(r), p.comm.parts.end(r)};
-    // AllGather on the copy engine: barrier, own segment into every rank, barrier.
     rank_barrier(sc, heap, p.ws.barrier, e1);
     for (int s = 0; s < world_.size() && own.size() > 0; ++s) {
       int peer = peer_at(r, s, world_.size());
@@ -258,13 +267,17 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
                                       rb, own.size(), rb});
     }
     rank_barrier(sc, heap, p.ws.barrier, e2);
-    // cuBLAS: C[M, N_r] (row-major) = A[M, K] B[N_r, K]^T, i.e. C^T = B A^T in column-major terms.
+  }
+  // cuBLAS: C[M, N_r] (row-major) = A[M, K] B[N_r, K]^T, i.e. C^T = B A^T in column-major terms.
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    const AgGemmPlan& p = plans_[r];
     const float alpha = 1.f, beta = 0.f;
     TL_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_[r]), CUBLAS_OP_T, CUBLAS_OP_N,
                                  static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
                                  &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k),
-                                 heap.local(p.ws.gathered), CUDA_R_16BF, static_cast<int>(p.k), &beta,
-                                 c[r], CUDA_R_16BF, static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
+                                 ws_.view(r).local(p.ws.gathered), CUDA_R_16BF, static_cast<int>(p.k),
+                                 &beta, c[r], CUDA_R_16BF, static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
   }
 }

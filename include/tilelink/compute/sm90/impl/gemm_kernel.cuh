@@ -284,11 +284,10 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
 
   auto* kernel = &detail::gemm_kernel<Cfg, Hooks>;
   constexpr size_t kSmemBytes = sizeof(detail::SharedStorage<Cfg>);
-  static const bool attribute_set = [&] {
-    TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)attribute_set;
+  // NOTE: on every launch, not once per process: the attribute belongs to the kernel as loaded in the
+  // current context, and a virtual world runs each rank in its own green context. Set once, it made
+  // the second rank's launch fail (and the first rank's comm program wait forever for it).
+  TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<num_blocks, Cfg::kNumThreads, kSmemBytes, stream>>>(p);
   TL_SM90_CUDA_CHECK(cudaGetLastError());
 }
