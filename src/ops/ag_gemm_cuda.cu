@@ -88,6 +88,11 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
              "ag_gemm on the CUDA backend moves data with the copy engine: comm_workers must be 0, got "
                  << config.comm_workers);
   TL_REQUIRE(k % 8 == 0, "ag_gemm: K must be a multiple of 8 (16-byte rows), got " << k);
+  for (int r : world.local_ranks())
+    TL_REQUIRE(config.compute_workers >= 0 && config.compute_workers <= world.sm_count(r),
+               "ag_gemm: compute_workers (GEMM SMs) must be in [0, " << world.sm_count(r)
+                                                                   << "] on rank " << r << ", got "
+                                                                   << config.compute_workers);
   for (int r = 0; r < W; ++r)
     TL_REQUIRE(n_per_rank[r] % 8 == 0, "ag_gemm: N_" << r << " must be a multiple of 8, got " << n_per_rank[r]);
 
@@ -127,6 +132,17 @@ AgGemm::~AgGemm() {
     if (join_[r]) cudaEventDestroy(join_[r]);
     if (comm_streams_[r]) cudaStreamDestroy(comm_streams_[r]);
   }
+}
+
+int AgGemm::gemm_sms(int rank) const {
+  // NOTE: measured on the H200: with the persistent GEMM holding every SM of the rank, the comm
+  // program's device-to-device cudaMemcpy2DAsync never ran (the GEMM's waits timed out); with a few
+  // SMs left free it did. The driver runs such copies on SMs, so compute_workers = 0 leaves
+  // kCopySpareSms of the rank's SMs to them.
+  const int total = world_.sm_count(rank);
+  const int want = plans_[rank].config.compute_workers;
+  if (want > 0) return want;
+  return total > kCopySpareSms ? total - kCopySpareSms : total;
 }
 
 const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ws.gathered.in(ws_.base(rank)); }
@@ -192,7 +208,7 @@ void AgGemm::enqueue_gemm(int r, const void* b, void* c, uint64_t epoch) {
   args.k = p.k;
   args.in_type = DType::kBF16;
   args.out_type = DType::kBF16;
-  args.num_sms = world_.sm_count(r);
+  args.num_sms = gemm_sms(r);
   args.start_m = p.compute_order.start_m;
   args.group_m = p.compute_order.group_m;
   AgGemmWaitHooks hooks{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,

@@ -64,6 +64,7 @@ int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport_name, bool
   AgGemmConfig cfg;
   cfg.mode = p.mode;
   cfg.comm_workers = 0;
+  cfg.compute_workers = 0;  // the GEMM takes the rank's SMs less the copy engine's spare ones
   cfg.comm_tile_rows = p.comm_tile;
   tlc::AgGemm op(world, p.rows, p.split, p.k, DType::kBF16, cfg);
   const int64_t M = p.m;
@@ -119,8 +120,9 @@ int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport_name, bool
       err_ref = std::max(err_ref, relative_error(c.data(), DType::kBF16, ref));
     }
   }
-  std::printf("%s\n  transport=%s, SMs per rank=%d, comm on the copy engine\n", describe(p).c_str(),
-              tlc::transport_name(world.transport()), world.sm_count(world.local_ranks()[0]));
+  std::printf("%s\n  transport=%s, SMs per rank=%d (GEMM on %d), comm on the copy engine\n",
+              describe(p).c_str(), tlc::transport_name(world.transport()),
+              world.sm_count(world.local_ranks()[0]), op.gemm_sms(world.local_ranks()[0]));
   if (with_ref) std::printf("  fused rel. error vs float64 (max over ranks) %.3e\n", err_ref);
   std::printf("  fused rel. difference vs cuBLAS+copy-engine baseline %.3e\n", err_base);
   const bool ok = err_base <= p.tolerance && (!with_ref || err_ref <= p.tolerance);

@@ -168,9 +168,8 @@ int run_op(Args& args, const std::string& op) {
   if (p.backend == "auto") {
     // The CUDA backend when a GPU is present and this build has a verified CUDA implementation of
     // the op; otherwise the CPU backend.
-    // NOTE: the CUDA AG+GEMM passed on the GPU at world 1 only; at world 2 it hung (see
-    // bench/notes/ag_gemm_cuda.md), so auto does not pick it until that is fixed.
-    constexpr bool kCudaOpVerified = false;
+    // NOTE: the CUDA AG+GEMM is verified on the GPU at world 1..8 (bench/notes/ag_gemm_cuda.md).
+    constexpr bool kCudaOpVerified = true;
     int gpus = cuda_device_count();
     p.backend = gpus > 0 && cuda_op && kCudaOpVerified && p.dtype == DType::kBF16 ? "cuda" : "cpu";
     if (gpus > 0 && p.backend == "cpu")

@@ -27,7 +27,8 @@ namespace tilelink::cuda {
 class AgGemm {
  public:
   // n_per_rank[r] = N_r. dtype: bf16 (A, B, C). config.gemm_tile_m/n are replaced by the engine's
-  // tile; config.comm_workers must be 0 (the copy engine; SM-driven comm is not built yet).
+  // tile; config.comm_workers must be 0 (the copy engine; SM-driven comm is not built yet);
+  // config.compute_workers = the GEMM's SMs, 0 = the rank's SMs less kCopySpareSms.
   AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t>& n_per_rank, int64_t k,
          DType dtype, const AgGemmConfig& config);
   ~AgGemm();
@@ -49,6 +50,10 @@ class AgGemm {
   void run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c);
 
   const void* gathered(int rank) const;
+  // SMs the GEMM of `rank` runs on.
+  int gemm_sms(int rank) const;
+
+  static constexpr int kCopySpareSms = 4;  // left to the driver's device-to-device copies
 
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
