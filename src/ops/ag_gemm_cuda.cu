@@ -11,6 +11,7 @@
 #include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/backend/cuda/stream_prim.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
+#include "tilelink/ops/cuda/comm.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cuda {
@@ -84,15 +85,14 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
   TL_REQUIRE(static_cast<int>(n_per_rank.size()) == W,
              "ag_gemm: " << n_per_rank.size() << " N_r values for a world of " << W);
   TL_REQUIRE(dtype == DType::kBF16, "ag_gemm on the CUDA backend takes bf16, got " << dtype_name(dtype));
-  TL_REQUIRE(config.comm_workers == 0,
-             "ag_gemm on the CUDA backend moves data with the copy engine: comm_workers must be 0, got "
-                 << config.comm_workers);
+  TL_REQUIRE(config.comm_workers >= 0, "ag_gemm: comm_workers must be >= 0, got " << config.comm_workers);
   TL_REQUIRE(k % 8 == 0, "ag_gemm: K must be a multiple of 8 (16-byte rows), got " << k);
   for (int r : world.local_ranks())
-    TL_REQUIRE(config.compute_workers >= 0 && config.compute_workers <= world.sm_count(r),
-               "ag_gemm: compute_workers (GEMM SMs) must be in [0, " << world.sm_count(r)
-                                                                   << "] on rank " << r << ", got "
-                                                                   << config.compute_workers);
+    TL_REQUIRE(config.compute_workers >= 0 &&
+                   config.compute_workers + config.comm_workers < world.sm_count(r),
+               "ag_gemm: rank " << r << " has " << world.sm_count(r) << " SMs; compute_workers ("
+                                << config.compute_workers << ") + comm_workers ("
+                                << config.comm_workers << ") must leave the GEMM at least one");
   for (int r = 0; r < W; ++r)
     TL_REQUIRE(n_per_rank[r] % 8 == 0, "ag_gemm: N_" << r << " must be a multiple of 8, got " << n_per_rank[r]);
 
@@ -108,13 +108,13 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
   }
   ws_ = world.allocate(plans_[0].ws.num_bytes);
 
-  comm_streams_.assign(W, nullptr);
+  gemm_streams_.assign(W, nullptr);
   fork_.assign(W, nullptr);
   join_.assign(W, nullptr);
   cublas_.assign(W, nullptr);
   for (int r : world.local_ranks()) {
     world.bind(r);
-    TL_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_streams_[r], cudaStreamNonBlocking));
+    gemm_streams_[r] = world.create_stream(r);  // in the rank's green context (virtual)
     TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_[r], cudaEventDisableTiming));
     TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_[r], cudaEventDisableTiming));
     cublasHandle_t h;
@@ -130,7 +130,7 @@ AgGemm::~AgGemm() {
     if (cublas_[r]) cublasDestroy(static_cast<cublasHandle_t>(cublas_[r]));
     if (fork_[r]) cudaEventDestroy(fork_[r]);
     if (join_[r]) cudaEventDestroy(join_[r]);
-    if (comm_streams_[r]) cudaStreamDestroy(comm_streams_[r]);
+    if (gemm_streams_[r]) cudaStreamDestroy(gemm_streams_[r]);
   }
 }
 
@@ -140,8 +140,9 @@ int AgGemm::gemm_sms(int rank) const {
   // SMs left free it did. The driver runs such copies on SMs, so compute_workers = 0 leaves
   // kCopySpareSms of the rank's SMs to them.
   const int total = world_.sm_count(rank);
-  const int want = plans_[rank].config.compute_workers;
-  if (want > 0) return want;
+  const AgGemmConfig& cfg = plans_[rank].config;
+  if (cfg.compute_workers > 0) return cfg.compute_workers;
+  if (cfg.comm_workers > 0) return total - cfg.comm_workers;  // the comm kernel's SMs
   return total > kCopySpareSms ? total - kCopySpareSms : total;
 }
 
@@ -163,7 +164,11 @@ void AgGemm::check_args(const std::vector<const void*>& a, const std::vector<con
 
 void AgGemm::enqueue_comm(int r, const void* a, uint64_t epoch) {
   const AgGemmPlan& p = plans_[r];
-  StreamContext sc{&world_, r, comm_streams_[r], "ag_gemm"};
+  if (p.config.comm_workers > 0) {  // SM-driven: the comm kernel on the rank's stream
+    launch_ag_comm(world_, p, ws_.view(r), a, epoch, CommLaunch{CopyMethod::kBulk, p.config.comm_workers});
+    return;
+  }
+  StreamContext sc{&world_, r, world_.stream(r), "ag_gemm"};
   SymmetricView heap = ws_.view(r);
   const int64_t rb = p.row_bytes();
   auto rows_copy = [&](const void* src, int64_t src_row0, void* dst, RowRange rows) {
@@ -213,29 +218,29 @@ void AgGemm::enqueue_gemm(int r, const void* b, void* c, uint64_t epoch) {
   args.group_m = p.compute_order.group_m;
   AgGemmWaitHooks hooks{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
                         p.gemm.tiles_n(), epoch};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, world_.stream(r));
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, gemm_streams_[r]);
 }
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
                  const std::vector<void*>& c) {
   check_args(a, b, c);
   const uint64_t epoch = ++epoch_;
+  // The comm program runs on the rank's stream s, the GEMM on its own stream g of the same rank.
   // NOTE: every rank's GEMM is launched before any comm program is enqueued. A launch that fails
   // then leaves nothing behind but GEMMs whose waits time out (bounded); enqueued the other way, it
   // left peers' stream waits blocked for good, and the next device synchronisation hung.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    cudaStream_t s = world_.stream(r), q = comm_streams_[r];
-    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));  // the previous call's GEMM is done with `gathered`
-    TL_CUDA_CHECK(cudaStreamWaitEvent(q, fork_[r]));
+    cudaStream_t s = world_.stream(r), g = gemm_streams_[r];
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));  // the previous call is done with `gathered`
+    TL_CUDA_CHECK(cudaStreamWaitEvent(g, fork_[r]));
     enqueue_gemm(r, b[r], c[r], epoch);
+    TL_CUDA_CHECK(cudaEventRecord(join_[r], g));
   }
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    cudaStream_t s = world_.stream(r), q = comm_streams_[r];
     enqueue_comm(r, a[r], epoch);
-    TL_CUDA_CHECK(cudaEventRecord(join_[r], q));  // the call ends when both programs have
-    TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r]));  // the call ends with both
   }
 }
 
@@ -243,12 +248,7 @@ void AgGemm::run_comm_only(const std::vector<const void*>& a) {
   const uint64_t epoch = ++epoch_;
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    cudaStream_t s = world_.stream(r), q = comm_streams_[r];
-    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(q, fork_[r]));
     enqueue_comm(r, a[r], epoch);
-    TL_CUDA_CHECK(cudaEventRecord(join_[r], q));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
   }
 }
 
@@ -258,7 +258,12 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<
   TL_REQUIRE(epoch_ > 0, "ag_gemm: run_gemm_only needs a comm run first");
   for (int r : world_.local_ranks()) {
     world_.bind(r);
+    cudaStream_t s = world_.stream(r), g = gemm_streams_[r];
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(g, fork_[r]));
     enqueue_gemm(r, b[r], c[r], epoch_);
+    TL_CUDA_CHECK(cudaEventRecord(join_[r], g));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
   }
 }
 

@@ -289,6 +289,20 @@ cudaStream_t World::stream(int rank) const {
   return ranks_[rank]->stream;
 }
 
+cudaStream_t World::create_stream(int rank) const {
+  TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
+  const Rank& rk = *ranks_[rank];
+  if (rk.green) {
+    CUstream s;
+    TL_CU_CHECK(::tilelink::cuda::driver::cuGreenCtxStreamCreate(&s, rk.green, CU_STREAM_NON_BLOCKING, 0));
+    return reinterpret_cast<cudaStream_t>(s);
+  }
+  bind(rank);
+  cudaStream_t s = nullptr;
+  TL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 void World::bind(int rank) const {
   TL_REQUIRE(is_local(rank), "world: rank " << rank << " is not driven by this process");
   const Rank& rk = *ranks_[rank];

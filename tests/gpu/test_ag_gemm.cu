@@ -30,10 +30,13 @@ struct Case {
   int64_t n_r, k;
   CommMode mode;
   int comm_tile_rows;
+  int comm_sms = 0;         // 0: copy engine; k: SM-driven comm on k SMs
+  int compute_workers = 1;  // GEMM SMs; 0: the rest of the rank's SMs
 };
 
 void run_case(const Case& tc, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "world " << tc.world << " n_r " << tc.n_r << " k " << tc.k
+  SCOPED_TRACE(::testing::Message() << "world " << tc.world << " comm SMs " << tc.comm_sms
+                                    << " GEMM SMs " << tc.compute_workers << " n_r " << tc.n_r << " k " << tc.k
                                     << (tc.mode == CommMode::kPush ? " push" : " pull") << " seed " << seed);
   tlc::WorldOptions wo;
   wo.transport = tlc::Transport::kVirtual;
@@ -44,7 +47,8 @@ void run_case(const Case& tc, uint64_t seed) {
   const int64_t M = rows.total();
   AgGemmConfig cfg;
   cfg.mode = tc.mode;
-  cfg.comm_workers = 0;
+  cfg.comm_workers = tc.comm_sms;
+  cfg.compute_workers = tc.compute_workers;
   cfg.comm_tile_rows = tc.comm_tile_rows;
   tlc::AgGemm op(world, rows, std::vector<int64_t>(tc.world, tc.n_r), tc.k, DType::kBF16, cfg);
 
@@ -123,6 +127,12 @@ TEST(AgGemmCuda, World4EmptySegment) { run_case({4, {250, 0, 517, 233}, 256, 384
 TEST(AgGemmCuda, World8Pull) { run_case({8, {128, 128, 128, 128, 128, 128, 128, 129}, 256, 512, CommMode::kPull, 128}, 5); }
 TEST(AgGemmCuda, World8Push) { run_case({8, {100, 17, 300, 5, 64, 200, 1, 313}, 256, 256, CommMode::kPush, 256}, 6); }
 
+// The GEMM on all the SMs it is given (not 1), with many tiles: the comm program must still run.
+TEST(AgGemmCuda, World2FullWidthCopyEngine) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 512, 0, 0}, 7); }
+TEST(AgGemmCuda, World2SmCommPull) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 256, 8, 0}, 8); }
+TEST(AgGemmCuda, World4SmCommPush) { run_case({4, {700, 0, 901, 333}, 512, 256, CommMode::kPush, 128, 4, 0}, 9); }
+TEST(AgGemmCuda, World8SmCommPull) { run_case({8, {300, 17, 512, 1, 256, 300, 0, 700}, 512, 384, CommMode::kPull, 64, 2, 0}, 10); }
+
 TEST(AgGemmCuda, RefusesBadInput) {
   tlc::WorldOptions wo;
   wo.transport = tlc::Transport::kVirtual;
@@ -133,6 +143,6 @@ TEST(AgGemmCuda, RefusesBadInput) {
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 100, DType::kBF16, cfg), Error);  // K % 8
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 3), {256, 256, 256}, 128, DType::kBF16, cfg), Error);
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kF32, cfg), Error);
-  cfg.comm_workers = 4;
+  cfg.comm_workers = 1000;  // more SMs than the rank has
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kBF16, cfg), Error);
 }

@@ -19,6 +19,8 @@ int cuda_device_count();  // cuda_probe.cu (0 without CUDA)
 #if defined(TILELINK_HAS_CUDA)
 int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport, bool bench, int warmup,
                      int iters);  // cmd_ag_gemm_cuda.cu
+int run_gemm_rs_cuda(const OpProblem& p, const std::string& transport, bool bench, int warmup,
+                     int iters);
 #endif
 
 namespace {
@@ -27,7 +29,7 @@ const char* kRunUsage =
     "[--backend auto|cpu|cuda] [--world W] [-m M] [-n N] [-k K] [--dtype bf16|fp16|fp32] "
     "[--variant pull|push] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
-    "[--tolerance E] [--transport auto|virtual|peer|ipc]";
+    "[--tolerance E] [--transport auto|virtual|peer|ipc] [--comm-sms K (cuda)]";
 
 struct RankData {
   std::vector<std::byte> a, b, c_fused, c_unfused;
@@ -161,17 +163,19 @@ int run_op(Args& args, const std::string& op) {
   std::string transport = args.get("--transport", "auto");
   args.finish();
 #if defined(TILELINK_HAS_CUDA)
-  const bool cuda_op = op == "ag_gemm";
+  const bool cuda_op = op == "ag_gemm" || op == "gemm_rs";
 #else
   const bool cuda_op = false;
 #endif
   if (p.backend == "auto") {
     // The CUDA backend when a GPU is present and this build has a verified CUDA implementation of
     // the op; otherwise the CPU backend.
-    // NOTE: the CUDA AG+GEMM is verified on the GPU at world 1..8 (bench/notes/ag_gemm_cuda.md).
-    constexpr bool kCudaOpVerified = true;
+    // NOTE: verified on the GPU at world 1..8: AG+GEMM (bench/notes/ag_gemm_cuda.md); GEMM+RS not
+    // yet, so auto keeps it on the CPU.
+    const bool kCudaOpVerified = op == "ag_gemm";
     int gpus = cuda_device_count();
-    p.backend = gpus > 0 && cuda_op && kCudaOpVerified && p.dtype == DType::kBF16 ? "cuda" : "cpu";
+    p.backend = gpus > 0 && cuda_op && kCudaOpVerified && p.dtype == DType::kBF16 &&
+                         p.mode == CommMode::kPull ? "cuda" : "cpu";
     if (gpus > 0 && p.backend == "cpu")
       std::printf("note: %d GPU(s) found, but this build has no verified CUDA %s %s; using the CPU "
                   "backend\n", gpus, std::string(dtype_name(p.dtype)).c_str(), op.c_str());
@@ -179,7 +183,9 @@ int run_op(Args& args, const std::string& op) {
   TL_REQUIRE(p.backend == "cpu" || cuda_op, op << " has no CUDA implementation in this build yet: use "
                                                   "--backend cpu");
 #if defined(TILELINK_HAS_CUDA)
-  if (p.backend == "cuda") return run_ag_gemm_cuda(p, transport, false, 0, 0);
+  if (p.backend == "cuda")
+    return op == "ag_gemm" ? run_ag_gemm_cuda(p, transport, false, 0, 0)
+                           : run_gemm_rs_cuda(p, transport, false, 0, 0);
 #endif
   TL_REQUIRE(transport == "auto", "--transport applies to the CUDA backend only");
   std::printf("%s\n", describe(p).c_str());

@@ -50,6 +50,8 @@ OpProblem parse_problem(Args& args, const std::string& op) {
   p.tile_n = static_cast<int>(args.get_int("--tile-n", 128));
   p.comm_workers = static_cast<int>(args.get_int("--comm-workers", 1));
   p.compute_workers = static_cast<int>(args.get_int("--compute-workers", 1));
+  p.comm_sms = static_cast<int>(args.get_int("--comm-sms", 0));
+  TL_REQUIRE(p.comm_sms >= 0, "--comm-sms must be >= 0");
   p.iters = static_cast<int>(args.get_int("--iters", 5));
   TL_REQUIRE(p.iters >= 1, "--iters must be >= 1");
   p.seed = static_cast<uint64_t>(args.get_int("--seed", 1));

@@ -25,6 +25,7 @@ struct OpProblem {
   DType dtype = DType::kBF16;
   CommMode mode = CommMode::kPull;
   int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
+  int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)
   int iters = 5;
   uint64_t seed = 1;
   int64_t timeout_ms = 20000;

@@ -1,6 +1,7 @@
 // Fused AllGather+GEMM on the CUDA backend (plan: ops/ag_gemm_plan.hpp, shared with the CPU).
 //
-//   comm program     on the copy engine (0 SMs), per rank on its own comm stream: the entry barrier,
+//   comm program     on the copy engine (comm_workers = 0) or on k SMs (bulk copies), per rank on
+//                    the rank's stream, the GEMM on a second stream of the rank: the entry barrier,
 //                    then per comm tile in the plan's pull order: wait for the owner's tile_ready
 //                    (stream wait-value), cudaMemcpy2DAsync into the gathered buffer, notify own
 //                    tile_ready (stream write-value, a release). Push mode: own tiles into every peer.
@@ -27,8 +28,9 @@ namespace tilelink::cuda {
 class AgGemm {
  public:
   // n_per_rank[r] = N_r. dtype: bf16 (A, B, C). config.gemm_tile_m/n are replaced by the engine's
-  // tile; config.comm_workers must be 0 (the copy engine; SM-driven comm is not built yet);
-  // config.compute_workers = the GEMM's SMs, 0 = the rank's SMs less kCopySpareSms.
+  // tile. config.comm_workers = 0: the comm program on the copy engine (stream operations);
+  // k > 0: on k SMs of the rank (bulk copies, ops/cuda/comm.hpp), co-running with the GEMM.
+  // config.compute_workers = the GEMM's SMs; 0 = the rest (less kCopySpareSms with the copy engine).
   AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t>& n_per_rank, int64_t k,
          DType dtype, const AgGemmConfig& config);
   ~AgGemm();
@@ -64,7 +66,7 @@ class AgGemm {
   World& world_;
   std::vector<AgGemmPlan> plans_;
   SymmetricBuffer ws_;
-  std::vector<cudaStream_t> comm_streams_;  // per rank (null where not local)
+  std::vector<cudaStream_t> gemm_streams_;  // per rank, the GEMM's (null where not local)
   std::vector<cudaEvent_t> fork_, join_;
   std::vector<void*> cublas_;  // cublasHandle_t per rank
   uint64_t epoch_ = 0;

@@ -98,6 +98,9 @@ class World {
   int device(int rank) const;
   int sm_count(int rank) const;          // SMs this rank's kernels may use
   cudaStream_t stream(int rank) const;   // the rank's stream (in its green context if virtual)
+  // A new non-blocking stream of the rank (in its green context if virtual, so kernels launched on
+  // it stay on the rank's SMs); the caller destroys it with cudaStreamDestroy.
+  cudaStream_t create_stream(int rank) const;
   // Makes rank's context current on the calling thread (its green context, or its device).
   void bind(int rank) const;
   // The device-side context of a local rank, for kernels.

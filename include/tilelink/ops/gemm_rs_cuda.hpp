@@ -1,0 +1,65 @@
+// Fused GEMM+ReduceScatter on the CUDA backend (plan: ops/gemm_rs_plan.hpp, shared with the CPU).
+//
+//   entry            a stream barrier on every rank's stream (the previous call's reduces are done
+//                    everywhere, so partial buffers may be overwritten)
+//   compute program  the sm90 engine on a second stream of the rank, on its SMs less comm_workers:
+//                    P_r = A_r B_r^T into the rank's symmetric `partial`, tiles in the plan's staggered
+//                    order; after each tile's epilogue the engine's notify warp release-stores
+//                    tile_done[t] = epoch (system scope)
+//   reduce program   the SM-driven reduce of ops/cuda/comm.hpp on comm_workers SMs of the rank's
+//                    stream: each reduce tile of the rank's segment once the gemm tiles covering it
+//                    are done on every source, summed in rank order in fp32
+//   baseline         barrier, cuBLAS into `partial`, every tile_done set, the same reduce on all SMs
+//
+// bf16 storage, fp32 accumulation; pull only (push would need the engine's epilogue to split a tile
+// between owners' staging slots; refused).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/runtime/world.hpp"
+
+namespace tilelink::cuda {
+
+class GemmRs {
+ public:
+  // k_per_rank[r] = K_r. config.comm_workers = the reduce's SMs (>= 1); config.compute_workers =
+  // the GEMM's SMs, 0 = the rest.
+  GemmRs(World& world, const RowPartition& rows, int64_t n, const std::vector<int64_t>& k_per_rank,
+         DType dtype, const GemmRsConfig& config);
+  ~GemmRs();
+  GemmRs(const GemmRs&) = delete;
+  GemmRs& operator=(const GemmRs&) = delete;
+
+  const GemmRsPlan& plan(int rank) const { return plans_.at(rank); }
+  int gemm_sms(int rank) const;
+
+  // Enqueues one call on every local rank: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r],
+  // c[r] = C_r [M_r, N]; ordered on world.stream(r).
+  void run(const std::vector<const void*>& a, const std::vector<const void*>& b,
+           const std::vector<void*>& c);
+  void run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                   const std::vector<void*>& c);
+  // Parts, for the bench's ideal bound: the GEMM alone (with its notify hook), the reduce alone
+  // (every tile_done already set by the previous call).
+  void run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b);
+  void run_reduce_only(const std::vector<void*>& c);
+
+ private:
+  void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                  const std::vector<void*>& c) const;
+  void enqueue_gemm(int r, const void* a, const void* b, uint64_t epoch);
+
+  World& world_;
+  std::vector<GemmRsPlan> plans_;
+  SymmetricBuffer ws_;
+  std::vector<cudaStream_t> gemm_streams_;
+  std::vector<cudaEvent_t> fork_, join_;
+  std::vector<void*> cublas_;
+  uint64_t epoch_ = 0;
+};
+
+}  // namespace tilelink::cuda

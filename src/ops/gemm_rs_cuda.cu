@@ -1,0 +1,222 @@
+// Fused GEMM+ReduceScatter on the CUDA backend (see include/tilelink/ops/gemm_rs_cuda.hpp).
+#include "tilelink/ops/gemm_rs_cuda.hpp"
+
+#include <cublas_v2.h>
+
+#include <cuda/atomic>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/stream_prim.hpp"
+#include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
+#include "tilelink/core/error.hpp"
+#include "tilelink/ops/cuda/comm.hpp"
+
+namespace tilelink::cuda {
+
+namespace {
+
+// The compute program's link to the reduce program: after a tile's epilogue, tile_done[t] = epoch.
+// NOTE: call-free (a function call in the kernel serialises its wgmma: bench/notes/gemm.md).
+struct GemmRsNotifyHooks {
+  static constexpr bool kWaits = false;
+  static constexpr bool kNotifies = true;
+  Signal* tile_done = nullptr;  // this rank's
+  int tiles_n = 0;
+  uint64_t epoch = 0;
+
+  __device__ void before_tile_loads(TileCoord, Rect) {}
+  __device__ void after_tile_stored(TileCoord tile, Rect) {
+    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(tile_done[tile.m * tiles_n + tile.n]);
+    sig.store(epoch, ::cuda::memory_order_release);
+  }
+};
+
+// The baseline's publication of a whole partial: every tile_done = epoch (release, system scope).
+__global__ void set_signals_kernel(Signal* signals, int count, uint64_t value) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
+    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(signals[i]).store(value, ::cuda::memory_order_release);
+}
+TL_REGISTER_KERNELS(set_signals_kernel);
+
+void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    ::tilelink::detail::throw_error(file, line, std::string(what) + ": cuBLAS status " +
+                                                    std::to_string(static_cast<int>(s)));
+}
+#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
+
+}  // namespace
+
+GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
+               const std::vector<int64_t>& k_per_rank, DType dtype, const GemmRsConfig& config)
+    : world_(world) {
+  const int W = world.size();
+  TL_REQUIRE(rows.world_size == W, "gemm_rs: the row partition has " << rows.world_size
+                                                                     << " ranks, the world " << W);
+  TL_REQUIRE(static_cast<int>(k_per_rank.size()) == W,
+             "gemm_rs: " << k_per_rank.size() << " K_r values for a world of " << W);
+  TL_REQUIRE(dtype == DType::kBF16, "gemm_rs on the CUDA backend takes bf16, got " << dtype_name(dtype));
+  TL_REQUIRE(config.mode == CommMode::kPull, "gemm_rs on the CUDA backend reduces by pulling; push is "
+                                             "not built (the engine's epilogue writes one buffer)");
+  TL_REQUIRE(n % 8 == 0, "gemm_rs: N must be a multiple of 8 (16-byte rows), got " << n);
+  for (int r = 0; r < W; ++r)
+    TL_REQUIRE(k_per_rank[r] % 8 == 0, "gemm_rs: K_" << r << " must be a multiple of 8, got " << k_per_rank[r]);
+  for (int r : world.local_ranks())
+    TL_REQUIRE(config.comm_workers >= 1 && config.compute_workers >= 0 &&
+                   config.comm_workers + config.compute_workers < world.sm_count(r),
+               "gemm_rs: rank " << r << " has " << world.sm_count(r) << " SMs; the reduce needs "
+                                << "comm_workers >= 1 (got " << config.comm_workers
+                                << ") and must leave the GEMM at least one (compute_workers "
+                                << config.compute_workers << ")");
+
+  GemmRsConfig cfg = config;
+  cfg.gemm_tile_m = compute::sm90::kTileM;  // the plan's gemm tiles are the engine's tiles
+  cfg.gemm_tile_n = compute::sm90::kTileN;
+  for (int r = 0; r < W; ++r) {
+    GemmRsConfig c = cfg;
+    if (world.is_local(r))
+      c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n, world.sm_count(r));
+    plans_.push_back(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c));
+  }
+  ws_ = world.allocate(plans_[0].ws.num_bytes);
+
+  gemm_streams_.assign(W, nullptr);
+  fork_.assign(W, nullptr);
+  join_.assign(W, nullptr);
+  cublas_.assign(W, nullptr);
+  for (int r : world.local_ranks()) {
+    world.bind(r);
+    gemm_streams_[r] = world.create_stream(r);
+    TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_[r], cudaEventDisableTiming));
+    TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_[r], cudaEventDisableTiming));
+    cublasHandle_t h;
+    TL_CUBLAS_CHECK(cublasCreate(&h));
+    TL_CUBLAS_CHECK(cublasSetStream(h, world.stream(r)));
+    cublas_[r] = h;
+  }
+}
+
+GemmRs::~GemmRs() {
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    if (cublas_[r]) cublasDestroy(static_cast<cublasHandle_t>(cublas_[r]));
+    if (fork_[r]) cudaEventDestroy(fork_[r]);
+    if (join_[r]) cudaEventDestroy(join_[r]);
+    if (gemm_streams_[r]) cudaStreamDestroy(gemm_streams_[r]);
+  }
+}
+
+int GemmRs::gemm_sms(int rank) const {
+  const GemmRsConfig& cfg = plans_[rank].config;
+  return cfg.compute_workers > 0 ? cfg.compute_workers : world_.sm_count(rank) - cfg.comm_workers;
+}
+
+void GemmRs::check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                        const std::vector<void*>& c) const {
+  const int W = world_.size();
+  TL_REQUIRE(static_cast<int>(a.size()) == W && static_cast<int>(b.size()) == W &&
+                 static_cast<int>(c.size()) == W,
+             "gemm_rs: pass one A, B and C entry per rank (" << W << ")");
+  for (int r : world_.local_ranks()) {
+    TL_REQUIRE(a[r] && b[r] && (c[r] || plans_[r].rows.size(r) == 0), "gemm_rs: null tensor on rank " << r);
+    TL_REQUIRE(reinterpret_cast<uintptr_t>(a[r]) % 16 == 0 && reinterpret_cast<uintptr_t>(b[r]) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(c[r]) % 16 == 0,
+               "gemm_rs: A, B and C of rank " << r << " must be 16-byte aligned");
+  }
+}
+
+void GemmRs::enqueue_gemm(int r, const void* a, const void* b, uint64_t epoch) {
+  const GemmRsPlan& p = plans_[r];
+  compute::sm90::GemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.c = ws_.view(r).local(p.ws.partial);
+  args.m = p.m();
+  args.n = p.n;
+  args.k = p.k;
+  args.in_type = DType::kBF16;
+  args.out_type = DType::kBF16;
+  args.num_sms = gemm_sms(r);
+  args.start_m = p.compute_order.start_m;
+  args.group_m = p.compute_order.group_m;
+  GemmRsNotifyHooks hooks{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epoch};
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, gemm_streams_[r]);
+}
+
+void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                 const std::vector<void*>& c) {
+  check_args(a, b, c);
+  const uint64_t epoch = ++epoch_;
+  // 1. Entry barrier on every rank's stream: the previous call's reduces are done everywhere.
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs"};
+    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epoch);
+  }
+  // 2. Every rank's GEMM (after its barrier), then 3. every rank's reduce: a failed launch leaves
+  // only bounded device waits behind.
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], world_.stream(r)));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(gemm_streams_[r], fork_[r]));
+    enqueue_gemm(r, a[r], b[r], epoch);
+    TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_streams_[r]));
+  }
+  for (int r : world_.local_ranks()) {
+    const GemmRsPlan& p = plans_[r];
+    launch_rs_reduce(world_, p, ws_.view(r), c[r], epoch, CommLaunch{CopyMethod::kVector, p.config.comm_workers});
+    TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r]));
+  }
+}
+
+void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b) {
+  const uint64_t epoch = ++epoch_;
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], world_.stream(r)));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(gemm_streams_[r], fork_[r]));
+    enqueue_gemm(r, a[r], b[r], epoch);
+    TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_streams_[r]));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r]));
+  }
+}
+
+void GemmRs::run_reduce_only(const std::vector<void*>& c) {
+  // NOTE: reuses the current epoch, whose tile_done signals the last GEMM set everywhere.
+  TL_REQUIRE(epoch_ > 0, "gemm_rs: run_reduce_only needs a GEMM run first");
+  for (int r : world_.local_ranks()) {
+    const GemmRsPlan& p = plans_[r];
+    launch_rs_reduce(world_, p, ws_.view(r), c[r], epoch_, CommLaunch{CopyMethod::kVector, p.config.comm_workers});
+  }
+}
+
+void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                         const std::vector<void*>& c) {
+  check_args(a, b, c);
+  const uint64_t e1 = ++epoch_, e2 = ++epoch_;
+  for (int r : world_.local_ranks()) {  // barrier: partial buffers are free
+    world_.bind(r);
+    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs(unfused)"};
+    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, e1);
+  }
+  for (int r : world_.local_ranks()) {  // cuBLAS: P_r [M, N] = A_r B_r^T, then publish it whole
+    world_.bind(r);
+    const GemmRsPlan& p = plans_[r];
+    const float alpha = 1.f, beta = 0.f;
+    TL_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_[r]), CUBLAS_OP_T, CUBLAS_OP_N,
+                                 static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
+                                 &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k), a[r], CUDA_R_16BF,
+                                 static_cast<int>(p.k), &beta, ws_.view(r).local(p.ws.partial),
+                                 CUDA_R_16BF, static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+    set_signals_kernel<<<ceil_div(p.gemm.num_tiles(), 256), 256, 0, world_.stream(r)>>>(
+        ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), e2);
+    TL_CUDA_CHECK(cudaGetLastError());
+  }
+  for (int r : world_.local_ranks()) {  // the ReduceScatter, on all the rank's SMs
+    const GemmRsPlan& p = plans_[r];
+    launch_rs_reduce(world_, p, ws_.view(r), c[r], e2, CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
+  }
+}
+
+}  // namespace tilelink::cuda
