@@ -129,9 +129,11 @@ TEST(AgGemmCuda, World8Push) { run_case({8, {100, 17, 300, 5, 64, 200, 1, 313}, 
 
 // The GEMM on all the SMs it is given (not 1), with many tiles: the comm program must still run.
 TEST(AgGemmCuda, World2FullWidthCopyEngine) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 512, 0, 0}, 7); }
-TEST(AgGemmCuda, World2SmCommPull) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 256, 8, 0}, 8); }
-TEST(AgGemmCuda, World4SmCommPush) { run_case({4, {700, 0, 901, 333}, 512, 256, CommMode::kPush, 128, 4, 0}, 9); }
-TEST(AgGemmCuda, World8SmCommPull) { run_case({8, {300, 17, 512, 1, 256, 300, 0, 700}, 512, 384, CommMode::kPull, 64, 2, 0}, 10); }
+// SM-driven comm co-running with the GEMM: timed out on the H200 (bench/notes/fused_ops_cuda.md); the
+// op refuses it for now. Disabled, not deleted: these are the cases that must pass once it is fixed.
+TEST(AgGemmCuda, DISABLED_World2SmCommPull) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 256, 8, 0}, 8); }
+TEST(AgGemmCuda, DISABLED_World4SmCommPush) { run_case({4, {700, 0, 901, 333}, 512, 256, CommMode::kPush, 128, 4, 0}, 9); }
+TEST(AgGemmCuda, DISABLED_World8SmCommPull) { run_case({8, {300, 17, 512, 1, 256, 300, 0, 700}, 512, 384, CommMode::kPull, 64, 2, 0}, 10); }
 
 TEST(AgGemmCuda, RefusesBadInput) {
   tlc::WorldOptions wo;
@@ -143,6 +145,6 @@ TEST(AgGemmCuda, RefusesBadInput) {
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 100, DType::kBF16, cfg), Error);  // K % 8
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 3), {256, 256, 256}, 128, DType::kBF16, cfg), Error);
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kF32, cfg), Error);
-  cfg.comm_workers = 1000;  // more SMs than the rank has
+  cfg.comm_workers = 1000;  // more SMs than the rank has (and SM comm is refused for now)
   EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kBF16, cfg), Error);
 }

@@ -170,9 +170,8 @@ int run_op(Args& args, const std::string& op) {
   if (p.backend == "auto") {
     // The CUDA backend when a GPU is present and this build has a verified CUDA implementation of
     // the op; otherwise the CPU backend.
-    // NOTE: verified on the GPU at world 1..8: AG+GEMM (bench/notes/ag_gemm_cuda.md); GEMM+RS not
-    // yet, so auto keeps it on the CPU.
-    const bool kCudaOpVerified = op == "ag_gemm";
+    // NOTE: both verified on the GPU at world 1..8, pull (bench/notes/fused_ops_cuda.md).
+    constexpr bool kCudaOpVerified = true;
     int gpus = cuda_device_count();
     p.backend = gpus > 0 && cuda_op && kCudaOpVerified && p.dtype == DType::kBF16 &&
                          p.mode == CommMode::kPull ? "cuda" : "cpu";
