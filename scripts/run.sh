@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
 ./build/tilelink info
 echo
-./build/tilelink run ag_gemm --world 3 -m 1000 -n 384 -k 256 --m-split 400,333,267 --comm-tile 64
+# Shapes valid on both backends (the CUDA ones need N and K multiples of 8 per rank).
+./build/tilelink run ag_gemm --world 3 -m 1000 -n 768 -k 384 --m-split 400,333,267 --comm-tile 64
 echo
-./build/tilelink run gemm_rs --world 3 -m 1000 -n 384 -k 256 --m-split 400,333,267 --variant push
+./build/tilelink run gemm_rs --world 3 -m 1000 -n 768 -k 384 --m-split 400,333,267
