@@ -4,6 +4,8 @@
 
 #include <cublas_v2.h>
 
+#include "rank_lanes.hpp"
+
 #include <cuda/atomic>
 #include <cuda/ptx>
 
@@ -67,13 +69,6 @@ struct AgGemmWaitHooks {
   __device__ void after_tile_stored(TileCoord, Rect) {}
 };
 
-void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    ::tilelink::detail::throw_error(file, line, std::string(what) + ": cuBLAS status " +
-                                                    std::to_string(static_cast<int>(s)));
-}
-#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
-
 }  // namespace
 
 // Unverified path (see the NOTE in the constructor); flip to debug it on a GPU.
@@ -118,31 +113,10 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
   }
   ws_ = world.allocate(plans_[0].ws.num_bytes);
 
-  gemm_streams_.assign(W, nullptr);
-  fork_.assign(W, nullptr);
-  join_.assign(W, nullptr);
-  cublas_.assign(W, nullptr);
-  for (int r : world.local_ranks()) {
-    world.bind(r);
-    gemm_streams_[r] = world.create_stream(r);  // in the rank's green context (virtual)
-    TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_[r], cudaEventDisableTiming));
-    TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_[r], cudaEventDisableTiming));
-    cublasHandle_t h;
-    TL_CUBLAS_CHECK(cublasCreate(&h));
-    TL_CUBLAS_CHECK(cublasSetStream(h, world.stream(r)));
-    cublas_[r] = h;
-  }
+  lanes_ = std::make_unique<detail::RankLanes>(world);
 }
 
-AgGemm::~AgGemm() {
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    if (cublas_[r]) cublasDestroy(static_cast<cublasHandle_t>(cublas_[r]));
-    if (fork_[r]) cudaEventDestroy(fork_[r]);
-    if (join_[r]) cudaEventDestroy(join_[r]);
-    if (gemm_streams_[r]) cudaStreamDestroy(gemm_streams_[r]);
-  }
-}
+AgGemm::~AgGemm() = default;
 
 int AgGemm::gemm_sms(int rank) const {
   // NOTE: measured on the H200: with the persistent GEMM holding every SM of the rank, the comm
@@ -228,7 +202,7 @@ void AgGemm::enqueue_gemm(int r, const void* b, void* c, uint64_t epoch) {
   args.group_m = p.compute_order.group_m;
   AgGemmWaitHooks hooks{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
                         p.gemm.tiles_n(), epoch};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, gemm_streams_[r]);
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, lanes_->gemm_stream(r));
 }
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -241,16 +215,14 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
   // left peers' stream waits blocked for good, and the next device synchronisation hung.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    cudaStream_t s = world_.stream(r), g = gemm_streams_[r];
-    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));  // the previous call is done with `gathered`
-    TL_CUDA_CHECK(cudaStreamWaitEvent(g, fork_[r]));
+    lanes_->fork(r);  // the previous call is done with `gathered`
     enqueue_gemm(r, b[r], c[r], epoch);
-    TL_CUDA_CHECK(cudaEventRecord(join_[r], g));
+    lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     enqueue_comm(r, a[r], epoch);
-    TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r]));  // the call ends with both
+    lanes_->join_wait(r);  // the call ends with both
   }
 }
 
@@ -268,12 +240,10 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<
   TL_REQUIRE(epoch_ > 0, "ag_gemm: run_gemm_only needs a comm run first");
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    cudaStream_t s = world_.stream(r), g = gemm_streams_[r];
-    TL_CUDA_CHECK(cudaEventRecord(fork_[r], s));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(g, fork_[r]));
+    lanes_->fork(r);
     enqueue_gemm(r, b[r], c[r], epoch_);
-    TL_CUDA_CHECK(cudaEventRecord(join_[r], g));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(s, join_[r]));
+    lanes_->join_record(r);
+    lanes_->join_wait(r);
   }
 }
 
@@ -304,7 +274,7 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
     world_.bind(r);
     const AgGemmPlan& p = plans_[r];
     const float alpha = 1.f, beta = 0.f;
-    TL_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_[r]), CUBLAS_OP_T, CUBLAS_OP_N,
+    TL_CUBLAS_CHECK(cublasGemmEx(lanes_->cublas(r), CUBLAS_OP_T, CUBLAS_OP_N,
                                  static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
                                  &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k),
                                  ws_.view(r).local(p.ws.gathered), CUDA_R_16BF, static_cast<int>(p.k),

@@ -3,6 +3,8 @@
 
 #include <cublas_v2.h>
 
+#include "rank_lanes.hpp"
+
 #include <cuda/atomic>
 
 #include "tilelink/backend/cuda/check.hpp"
@@ -37,13 +39,6 @@ __global__ void set_signals_kernel(Signal* signals, int count, uint64_t value) {
     ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(signals[i]).store(value, ::cuda::memory_order_release);
 }
 TL_REGISTER_KERNELS(set_signals_kernel);
-
-void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    ::tilelink::detail::throw_error(file, line, std::string(what) + ": cuBLAS status " +
-                                                    std::to_string(static_cast<int>(s)));
-}
-#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
 
 }  // namespace
 
@@ -80,31 +75,10 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   }
   ws_ = world.allocate(plans_[0].ws.num_bytes);
 
-  gemm_streams_.assign(W, nullptr);
-  fork_.assign(W, nullptr);
-  join_.assign(W, nullptr);
-  cublas_.assign(W, nullptr);
-  for (int r : world.local_ranks()) {
-    world.bind(r);
-    gemm_streams_[r] = world.create_stream(r);
-    TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_[r], cudaEventDisableTiming));
-    TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_[r], cudaEventDisableTiming));
-    cublasHandle_t h;
-    TL_CUBLAS_CHECK(cublasCreate(&h));
-    TL_CUBLAS_CHECK(cublasSetStream(h, world.stream(r)));
-    cublas_[r] = h;
-  }
+  lanes_ = std::make_unique<detail::RankLanes>(world);
 }
 
-GemmRs::~GemmRs() {
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    if (cublas_[r]) cublasDestroy(static_cast<cublasHandle_t>(cublas_[r]));
-    if (fork_[r]) cudaEventDestroy(fork_[r]);
-    if (join_[r]) cudaEventDestroy(join_[r]);
-    if (gemm_streams_[r]) cudaStreamDestroy(gemm_streams_[r]);
-  }
-}
+GemmRs::~GemmRs() = default;
 
 int GemmRs::gemm_sms(int rank) const {
   const GemmRsConfig& cfg = plans_[rank].config;
@@ -140,7 +114,7 @@ void GemmRs::enqueue_gemm(int r, const void* a, const void* b, uint64_t epoch) {
   args.start_m = p.compute_order.start_m;
   args.group_m = p.compute_order.group_m;
   GemmRsNotifyHooks hooks{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epoch};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, gemm_streams_[r]);
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, lanes_->gemm_stream(r));
 }
 
 void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -157,15 +131,14 @@ void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void
   // only bounded device waits behind.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    TL_CUDA_CHECK(cudaEventRecord(fork_[r], world_.stream(r)));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(gemm_streams_[r], fork_[r]));
+    lanes_->fork(r);
     enqueue_gemm(r, a[r], b[r], epoch);
-    TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_streams_[r]));
+    lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {
     const GemmRsPlan& p = plans_[r];
     launch_rs_reduce(world_, p, ws_.view(r), c[r], epoch, CommLaunch{CopyMethod::kVector, p.config.comm_workers});
-    TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r]));
+    lanes_->join_wait(r);
   }
 }
 
@@ -173,11 +146,10 @@ void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<
   const uint64_t epoch = ++epoch_;
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    TL_CUDA_CHECK(cudaEventRecord(fork_[r], world_.stream(r)));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(gemm_streams_[r], fork_[r]));
+    lanes_->fork(r);
     enqueue_gemm(r, a[r], b[r], epoch);
-    TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_streams_[r]));
-    TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r]));
+    lanes_->join_record(r);
+    lanes_->join_wait(r);
   }
 }
 
@@ -203,7 +175,7 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
     world_.bind(r);
     const GemmRsPlan& p = plans_[r];
     const float alpha = 1.f, beta = 0.f;
-    TL_CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(cublas_[r]), CUBLAS_OP_T, CUBLAS_OP_N,
+    TL_CUBLAS_CHECK(cublasGemmEx(lanes_->cublas(r), CUBLAS_OP_T, CUBLAS_OP_N,
                                  static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
                                  &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k), a[r], CUDA_R_16BF,
                                  static_cast<int>(p.k), &beta, ws_.view(r).local(p.ws.partial),

@@ -18,12 +18,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <vector>
 
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cuda {
+
+namespace detail {
+class RankLanes;
+}
 
 class AgGemm {
  public:
@@ -66,9 +71,7 @@ class AgGemm {
   World& world_;
   std::vector<AgGemmPlan> plans_;
   SymmetricBuffer ws_;
-  std::vector<cudaStream_t> gemm_streams_;  // per rank, the GEMM's (null where not local)
-  std::vector<cudaEvent_t> fork_, join_;
-  std::vector<void*> cublas_;  // cublasHandle_t per rank
+  std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
   uint64_t epoch_ = 0;
 };
 

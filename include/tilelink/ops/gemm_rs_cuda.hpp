@@ -17,12 +17,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <vector>
 
 #include "tilelink/ops/gemm_rs_plan.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cuda {
+
+namespace detail {
+class RankLanes;
+}
 
 class GemmRs {
  public:
@@ -56,9 +61,7 @@ class GemmRs {
   World& world_;
   std::vector<GemmRsPlan> plans_;
   SymmetricBuffer ws_;
-  std::vector<cudaStream_t> gemm_streams_;
-  std::vector<cudaEvent_t> fork_, join_;
-  std::vector<void*> cublas_;
+  std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
   uint64_t epoch_ = 0;
 };
 

@@ -1,0 +1,75 @@
+// Internal to the CUDA fused ops: the per-rank lanes an op runs on besides the rank's own stream.
+//
+//   the rank's stream   (world.stream(r)) the comm program, and the whole call's end
+//   gemm stream         a second stream of the rank (in its green context when virtual): the GEMM
+//   fork / join         the gemm stream waits for what the rank's stream had so far (fork); the
+//                       rank's stream waits for the GEMM (join), so a call ends on the rank's stream
+//   cuBLAS handle       on the rank's stream, for the unfused baseline
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/core/error.hpp"
+#include "tilelink/runtime/world.hpp"
+
+namespace tilelink::cuda::detail {
+
+inline void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    ::tilelink::detail::throw_error(file, line, std::string(what) + ": cuBLAS status " +
+                                                    std::to_string(static_cast<int>(s)));
+}
+#define TL_CUBLAS_CHECK(call) ::tilelink::cuda::detail::check_cublas((call), #call, __FILE__, __LINE__)
+
+class RankLanes {
+ public:
+  explicit RankLanes(World& world) : world_(world) {
+    const int W = world.size();
+    gemm_.assign(W, nullptr);
+    fork_.assign(W, nullptr);
+    join_.assign(W, nullptr);
+    cublas_.assign(W, nullptr);
+    for (int r : world.local_ranks()) {
+      world.bind(r);
+      gemm_[r] = world.create_stream(r);
+      TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_[r], cudaEventDisableTiming));
+      TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_[r], cudaEventDisableTiming));
+      TL_CUBLAS_CHECK(cublasCreate(&cublas_[r]));
+      TL_CUBLAS_CHECK(cublasSetStream(cublas_[r], world.stream(r)));
+    }
+  }
+  ~RankLanes() {
+    // NOTE: no checks: destructors must not throw, and after a device fault every call fails.
+    for (int r : world_.local_ranks()) {
+      world_.bind(r);
+      if (cublas_[r]) cublasDestroy(cublas_[r]);
+      if (fork_[r]) cudaEventDestroy(fork_[r]);
+      if (join_[r]) cudaEventDestroy(join_[r]);
+      if (gemm_[r]) cudaStreamDestroy(gemm_[r]);
+    }
+  }
+  RankLanes(const RankLanes&) = delete;
+  RankLanes& operator=(const RankLanes&) = delete;
+
+  cudaStream_t gemm_stream(int r) const { return gemm_[r]; }
+  cublasHandle_t cublas(int r) const { return cublas_[r]; }
+  void fork(int r) {
+    TL_CUDA_CHECK(cudaEventRecord(fork_[r], world_.stream(r)));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(gemm_[r], fork_[r]));
+  }
+  void join_record(int r) { TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_[r])); }
+  void join_wait(int r) { TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r])); }
+
+ private:
+  World& world_;
+  std::vector<cudaStream_t> gemm_;
+  std::vector<cudaEvent_t> fork_, join_;
+  std::vector<cublasHandle_t> cublas_;
+};
+
+}  // namespace tilelink::cuda::detail
