@@ -51,4 +51,31 @@ double relative_error(const void* out, DType dtype, const std::vector<double>& r
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+std::vector<double> gemm_magnitude_f64(const void* a, const void* b, DType dtype, int64_t m,
+                                       int64_t n, int64_t k) {
+  std::vector<double> fa(static_cast<size_t>(m * k)), fb(static_cast<size_t>(n * k));
+  for (int64_t i = 0; i < m * k; ++i) fa[i] = std::fabs(load_as_float(a, dtype, i));
+  for (int64_t i = 0; i < n * k; ++i) fb[i] = std::fabs(load_as_float(b, dtype, i));
+  std::vector<double> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t kk = 0; kk < k; ++kk) acc += fa[i * k + kk] * fb[j * k + kk];
+      c[i * n + j] = acc;
+    }
+  return c;
+}
+
+double error_vs_magnitude(const void* out, DType dtype, const std::vector<double>& ref,
+                          const std::vector<double>& magnitude) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double o = load_as_float(out, dtype, static_cast<int64_t>(i));
+    if (!std::isfinite(o)) return std::numeric_limits<double>::infinity();
+    num += (o - ref[i]) * (o - ref[i]);
+    den += magnitude[i] * magnitude[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 }  // namespace tilelink

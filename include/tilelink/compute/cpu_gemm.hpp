@@ -22,4 +22,14 @@ std::vector<double> gemm_reference_f64(const void* a, const void* b, DType dtype
 // ||out - ref||_F / ||ref||_F, reading `out` as `dtype`; NaN in out gives +inf.
 double relative_error(const void* out, DType dtype, const std::vector<double>& ref);
 
+// |A| * |B|^T in float64: the magnitude of the terms each output element sums.
+std::vector<double> gemm_magnitude_f64(const void* a, const void* b, DType dtype, int64_t m,
+                                       int64_t n, int64_t k);
+
+// ||out - ref||_F / ||magnitude||_F: the rounding error against the size of the terms summed, which
+// cancellation cannot inflate (a sum whose terms cancel has a tiny ref but the same rounding error).
+// The check for tiny outputs (M = 1, N = 1), where relative_error is noise. NaN in out gives +inf.
+double error_vs_magnitude(const void* out, DType dtype, const std::vector<double>& ref,
+                          const std::vector<double>& magnitude);
+
 }  // namespace tilelink
