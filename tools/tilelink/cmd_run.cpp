@@ -62,6 +62,28 @@ int report(const OpProblem& p, const Outcome& o) {
   return ok ? 0 : 1;
 }
 
+// Calls the fused op and its unfused baseline `iters` times each on every rank, outputs poisoned
+// before every call, and records the wall time of each call.
+template <class Op>
+void time_calls(cpu::World& world, Op& op, std::vector<RankData>& d, int iters,
+                std::vector<double>* fused_ms, std::vector<double>* unfused_ms) {
+  for (int it = 0; it < iters; ++it) {
+    for (auto& x : d) poison(x.c_fused), poison(x.c_unfused);
+    fused_ms->push_back(time_ms([&] {
+      world.run([&](cpu::RankContext& ctx) {
+        auto& x = d[ctx.rank];
+        op.run(ctx, x.a.data(), x.b.data(), x.c_fused.data());
+      });
+    }));
+    unfused_ms->push_back(time_ms([&] {
+      world.run([&](cpu::RankContext& ctx) {
+        auto& x = d[ctx.rank];
+        op.run_unfused(ctx, x.a.data(), x.b.data(), x.c_unfused.data());
+      });
+    }));
+  }
+}
+
 int run_cpu(const OpProblem& p) {
   std::mt19937_64 rng(p.seed);
   cpu::World world(p.world, std::chrono::milliseconds(p.timeout_ms));
@@ -90,21 +112,7 @@ int run_cpu(const OpProblem& p) {
     }
     for (int r = 0; r < p.world; ++r)
       d[r].ref = gemm_reference_f64(a_full.data(), d[r].b.data(), dt, p.m, p.split[r], p.k);
-    for (int it = 0; it < p.iters; ++it) {
-      for (auto& x : d) poison(x.c_fused), poison(x.c_unfused);
-      tf.push_back(time_ms([&] {
-        world.run([&](cpu::RankContext& ctx) {
-          auto& x = d[ctx.rank];
-          op.run(ctx, x.a.data(), x.b.data(), x.c_fused.data());
-        });
-      }));
-      tu.push_back(time_ms([&] {
-        world.run([&](cpu::RankContext& ctx) {
-          auto& x = d[ctx.rank];
-          op.run_unfused(ctx, x.a.data(), x.b.data(), x.c_unfused.data());
-        });
-      }));
-    }
+    time_calls(world, op, d, p.iters, &tf, &tu);
   } else {
     GemmRsConfig cfg;
     cfg.mode = p.mode;
@@ -132,21 +140,7 @@ int run_cpu(const OpProblem& p) {
     std::vector<double> full = gemm_reference_f64(a_cat.data(), b_cat.data(), dt, p.m, p.n, p.k);
     for (int r = 0; r < p.world; ++r)
       d[r].ref.assign(full.begin() + p.rows.begin(r) * p.n, full.begin() + p.rows.end(r) * p.n);
-    for (int it = 0; it < p.iters; ++it) {
-      for (auto& x : d) poison(x.c_fused), poison(x.c_unfused);
-      tf.push_back(time_ms([&] {
-        world.run([&](cpu::RankContext& ctx) {
-          auto& x = d[ctx.rank];
-          op.run(ctx, x.a.data(), x.b.data(), x.c_fused.data());
-        });
-      }));
-      tu.push_back(time_ms([&] {
-        world.run([&](cpu::RankContext& ctx) {
-          auto& x = d[ctx.rank];
-          op.run_unfused(ctx, x.a.data(), x.b.data(), x.c_unfused.data());
-        });
-      }));
-    }
+    time_calls(world, op, d, p.iters, &tf, &tu);
   }
   for (auto& x : d) {
     o.err_fused = std::max(o.err_fused, relative_error(x.c_fused.data(), dt, x.ref));
