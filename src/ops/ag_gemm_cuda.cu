@@ -283,4 +283,19 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
   }
 }
 
+PathChoice AgGemm::choose(OpPath requested) const {
+  const int r0 = world_.local_ranks().front();
+  MachineModel m;
+  m.ranks_share_gpu = world_.transport() == Transport::kVirtual;
+  m.sms = world_.sm_count(r0);
+  m.gemm_sms = gemm_sms(r0);
+  return choose_path(plans_[r0], m, requested);
+}
+
+void AgGemm::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                    const std::vector<void*>& c, OpPath requested) {
+  if (choose(requested).path == OpPath::kFused) run(a, b, c);
+  else run_unfused(a, b, c);
+}
+
 }  // namespace tilelink::cuda

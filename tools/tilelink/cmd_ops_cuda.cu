@@ -52,15 +52,17 @@ double time_per_call_ms(tlc::World& world, const char* op, int warmup, int iters
 }
 
 void print_bench_row(const char* op, int world, const OpProblem& p, double t_base, double t_comm,
-                     double t_gemm, double t_fused) {
+                     double t_gemm, double t_fused, OpPath chosen) {
   const double ideal = std::max(t_gemm, t_comm);
   const double flops = 2.0 * p.m * p.n * p.k;
-  std::printf("\n| op | world | M | N | K | baseline ms | T_comm ms | T_gemm ms | ideal ms | fused ms | speedup | overlap eff. | fused TFLOP/s |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  std::printf("| %s | %d | %lld | %lld | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.0f%% | %.0f |\n", op,
+  const double t_auto = chosen == OpPath::kFused ? t_fused : t_base;
+  std::printf("\n| op | world | M | N | K | baseline ms | T_comm ms | T_gemm ms | ideal ms | fused ms | speedup | overlap eff. | fused TFLOP/s | auto path | auto ms |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("| %s | %d | %lld | %lld | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.0f%% | %.0f | %s | %.3f |\n", op,
               world, static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k), t_base,
               t_comm, t_gemm, ideal, t_fused, t_base / t_fused,
-              t_base > ideal ? 100.0 * (t_base - t_fused) / (t_base - ideal) : 0.0, flops / (t_fused * 1e9));
+              t_base > ideal ? 100.0 * (t_base - t_fused) / (t_base - ideal) : 0.0, flops / (t_fused * 1e9),
+              op_path_name(chosen), t_auto);
 }
 
 }  // namespace
@@ -142,6 +144,9 @@ int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport_name, bool
   std::printf("  fused rel. difference vs cuBLAS+copy-engine baseline %.3e\n", err_base);
   const bool ok = err_base <= p.tolerance && (!with_ref || err_ref <= p.tolerance);
   std::printf("%s (tolerance %.1e)\n", ok ? "check passed" : "CHECK FAILED", p.tolerance);
+  const PathChoice choice = op.choose(p.path);
+  std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path),
+              choice.why.c_str());
   if (!ok || !bench) return ok ? 0 : 1;
 
   // Bench: baseline, the parts alone, fused; all in this run.
@@ -149,7 +154,7 @@ int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport_name, bool
   const double t_comm = time_per_call_ms(world, "ag_gemm(comm)", warmup, iters, [&] { op.run_comm_only(buf.a); });
   const double t_gemm = time_per_call_ms(world, "ag_gemm(gemm)", warmup, iters, [&] { op.run_gemm_only(buf.b, buf.c); });
   const double t_fused = time_per_call_ms(world, "ag_gemm", warmup, iters, [&] { op.run(buf.a, buf.b, buf.c); });
-  print_bench_row("ag_gemm", W, p, t_base, t_comm, t_gemm, t_fused);
+  print_bench_row("ag_gemm", W, p, t_base, t_comm, t_gemm, t_fused, choice.path);
   for (int r : world.local_ranks()) {
     world.bind(r);
     cudaFree(const_cast<void*>(buf.a[r]));
@@ -245,13 +250,16 @@ int run_gemm_rs_cuda(const OpProblem& p, const std::string& transport_name, bool
   std::printf("  fused rel. difference vs cuBLAS+reduce baseline %.3e\n", err_base);
   const bool ok = err_base <= p.tolerance && (!with_ref || err_ref <= p.tolerance);
   std::printf("%s (tolerance %.1e)\n", ok ? "check passed" : "CHECK FAILED", p.tolerance);
+  const PathChoice choice = op.choose(p.path);
+  std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path),
+              choice.why.c_str());
   if (!ok || !bench) return ok ? 0 : 1;
 
   const double t_base = time_per_call_ms(world, "gemm_rs(unfused)", warmup, iters, [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); });
   const double t_gemm = time_per_call_ms(world, "gemm_rs(gemm)", warmup, iters, [&] { op.run_gemm_only(buf.a, buf.b); });
   const double t_comm = time_per_call_ms(world, "gemm_rs(reduce)", warmup, iters, [&] { op.run_reduce_only(buf.c); });
   const double t_fused = time_per_call_ms(world, "gemm_rs", warmup, iters, [&] { op.run(buf.a, buf.b, buf.c); });
-  print_bench_row("gemm_rs", W, p, t_base, t_comm, t_gemm, t_fused);
+  print_bench_row("gemm_rs", W, p, t_base, t_comm, t_gemm, t_fused, choice.path);
   for (int r : world.local_ranks()) {
     world.bind(r);
     cudaFree(const_cast<void*>(buf.a[r]));

@@ -29,7 +29,8 @@ const char* kRunUsage =
     "[--backend auto|cpu|cuda] [--world W] [-m M] [-n N] [-k K] [--dtype bf16|fp16|fp32] "
     "[--variant pull|push] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
-    "[--tolerance E] [--transport auto|virtual|peer|ipc] [--comm-sms K (cuda)]";
+    "[--tolerance E] [--transport auto|virtual|peer|ipc] [--comm-sms K] [--path auto|fused|unfused] "
+    "(the last three: cuda)";
 
 struct RankData {
   std::vector<std::byte> a, b, c_fused, c_unfused;
@@ -181,6 +182,8 @@ int run_op(Args& args, const std::string& op) {
                            : run_gemm_rs_cuda(p, transport, false, 0, 0);
 #endif
   TL_REQUIRE(transport == "auto", "--transport applies to the CUDA backend only");
+  TL_REQUIRE(p.path == OpPath::kAuto && p.comm_sms == 0,
+             "--path and --comm-sms apply to the CUDA backend only");
   std::printf("%s\n", describe(p).c_str());
   return run_cpu(p);
 }

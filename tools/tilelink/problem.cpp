@@ -52,6 +52,8 @@ OpProblem parse_problem(Args& args, const std::string& op) {
   p.compute_workers = static_cast<int>(args.get_int("--compute-workers", 1));
   p.comm_sms = static_cast<int>(args.get_int("--comm-sms", 0));
   TL_REQUIRE(p.comm_sms >= 0, "--comm-sms must be >= 0");
+  std::string path = args.get("--path", "auto");
+  TL_REQUIRE(parse_op_path(path, &p.path), "--path must be auto, fused or unfused, got '" << path << "'");
   p.iters = static_cast<int>(args.get_int("--iters", 5));
   TL_REQUIRE(p.iters >= 1, "--iters must be >= 1");
   p.seed = static_cast<uint64_t>(args.get_int("--seed", 1));

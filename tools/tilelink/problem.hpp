@@ -12,6 +12,7 @@
 #include "tilelink/core/partition.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cli {
 
@@ -26,6 +27,7 @@ struct OpProblem {
   CommMode mode = CommMode::kPull;
   int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
   int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)
+  OpPath path = OpPath::kAuto;  // CUDA: fused, unfused, or the cost model's choice
   int iters = 5;
   uint64_t seed = 1;
   int64_t timeout_ms = 20000;

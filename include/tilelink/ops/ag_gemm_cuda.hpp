@@ -23,6 +23,7 @@
 
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/runtime/world.hpp"
+#include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cuda {
 
@@ -51,6 +52,11 @@ class AgGemm {
            const std::vector<void*>& c);
   void run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
                    const std::vector<void*>& c);
+  // The fused-or-unfused choice for this world and shape (tune/path_model.hpp); `requested` other
+  // than kAuto is kept. run_auto() runs the chosen path.
+  PathChoice choose(OpPath requested = OpPath::kAuto) const;
+  void run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                const std::vector<void*>& c, OpPath requested = OpPath::kAuto);
 
   // Parts, for the bench's ideal bound: the comm program alone / the GEMM alone (all signals set).
   void run_comm_only(const std::vector<const void*>& a);

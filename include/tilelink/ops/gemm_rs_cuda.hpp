@@ -22,6 +22,7 @@
 
 #include "tilelink/ops/gemm_rs_plan.hpp"
 #include "tilelink/runtime/world.hpp"
+#include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cuda {
 
@@ -48,6 +49,11 @@ class GemmRs {
            const std::vector<void*>& c);
   void run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
                    const std::vector<void*>& c);
+  // The fused-or-unfused choice for this world and shape (tune/path_model.hpp); `requested` other
+  // than kAuto is kept. run_auto() runs the chosen path.
+  PathChoice choose(OpPath requested = OpPath::kAuto) const;
+  void run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                const std::vector<void*>& c, OpPath requested = OpPath::kAuto);
   // Parts, for the bench's ideal bound: the GEMM alone (with its notify hook), the reduce alone
   // (every tile_done already set by the previous call).
   void run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b);

@@ -1,0 +1,71 @@
+#include "tilelink/tune/path_model.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "tilelink/core/error.hpp"
+
+namespace tilelink {
+
+const char* op_path_name(OpPath p) {
+  switch (p) {
+    case OpPath::kAuto: return "auto";
+    case OpPath::kFused: return "fused";
+    case OpPath::kUnfused: return "unfused";
+  }
+  return "?";
+}
+
+bool parse_op_path(const std::string& s, OpPath* out) {
+  if (s == "auto") { *out = OpPath::kAuto; return true; }
+  if (s == "fused") { *out = OpPath::kFused; return true; }
+  if (s == "unfused") { *out = OpPath::kUnfused; return true; }
+  return false;
+}
+
+double ag_gemm_comm_bytes(const AgGemmPlan& p) {
+  return static_cast<double>(p.m() - p.comm.parts.size(p.rank)) * p.k * dtype_size(p.dtype);
+}
+
+double gemm_rs_comm_bytes(const GemmRsPlan& p) {
+  return static_cast<double>(p.rows.size(p.rank)) * p.n * dtype_size(p.dtype) * (p.world_size - 1);
+}
+
+PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested) {
+  TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
+             "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms ("
+                                                               << m.sms << ")");
+  TL_REQUIRE(m.gemm_tflops > 0 && m.link_gbps > 0, "path model: rates must be positive");
+  PathChoice c;
+  if (requested != OpPath::kAuto) {
+    c.path = requested;
+    c.why = std::string("forced by the caller (") + op_path_name(requested) + ")";
+    return c;
+  }
+  if (m.ranks_share_gpu) {
+    c.path = OpPath::kUnfused;
+    c.why = "ranks share one GPU: the copies compete with the GEMM for its SMs (measured slower fused)";
+    return c;
+  }
+  const double t_gemm_all = flops / (m.gemm_tflops * 1e12) * 1e6;
+  const double t_gemm_fused = t_gemm_all * m.sms / m.gemm_sms;
+  const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
+  c.unfused_us = t_gemm_all + t_comm;
+  c.fused_us = std::max(t_gemm_fused, t_comm) + m.fused_overhead_us;
+  c.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
+  std::ostringstream os;
+  os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (gemm "
+     << t_gemm_all << " us on all SMs, comm " << t_comm << " us)";
+  c.why = os.str();
+  return c;
+}
+
+PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested) {
+  return choose_path(2.0 * p.m() * p.n * p.k, ag_gemm_comm_bytes(p), m, requested);
+}
+
+PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested) {
+  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), m, requested);
+}
+
+}  // namespace tilelink
