@@ -269,27 +269,18 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
     }
     rank_barrier(sc, heap, p.ws.barrier, e2);
   }
-  // cuBLAS: C[M, N_r] (row-major) = A[M, K] B[N_r, K]^T, i.e. C^T = B A^T in column-major terms.
+  // cuBLAS: C_r [M, N_r] = gathered A [M, K] * B_r^T.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     const AgGemmPlan& p = plans_[r];
-    const float alpha = 1.f, beta = 0.f;
-    TL_CUBLAS_CHECK(cublasGemmEx(lanes_->cublas(r), CUBLAS_OP_T, CUBLAS_OP_N,
-                                 static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
-                                 &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k),
-                                 ws_.view(r).local(p.ws.gathered), CUDA_R_16BF, static_cast<int>(p.k),
-                                 &beta, c[r], CUDA_R_16BF, static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
+    detail::cublas_gemm_bf16_tn(lanes_->cublas(r), ws_.view(r).local(p.ws.gathered), b[r], c[r], p.m(),
+                                p.n, p.k);
   }
 }
 
 PathChoice AgGemm::choose(OpPath requested) const {
   const int r0 = world_.local_ranks().front();
-  MachineModel m;
-  m.ranks_share_gpu = world_.transport() == Transport::kVirtual;
-  m.sms = world_.sm_count(r0);
-  m.gemm_sms = gemm_sms(r0);
-  return choose_path(plans_[r0], m, requested);
+  return choose_path(plans_[r0], detail::machine_model(world_, r0, gemm_sms(r0)), requested);
 }
 
 void AgGemm::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,

@@ -174,13 +174,8 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
   for (int r : world_.local_ranks()) {  // cuBLAS: P_r [M, N] = A_r B_r^T, then publish it whole
     world_.bind(r);
     const GemmRsPlan& p = plans_[r];
-    const float alpha = 1.f, beta = 0.f;
-    TL_CUBLAS_CHECK(cublasGemmEx(lanes_->cublas(r), CUBLAS_OP_T, CUBLAS_OP_N,
-                                 static_cast<int>(p.n), static_cast<int>(p.m()), static_cast<int>(p.k),
-                                 &alpha, b[r], CUDA_R_16BF, static_cast<int>(p.k), a[r], CUDA_R_16BF,
-                                 static_cast<int>(p.k), &beta, ws_.view(r).local(p.ws.partial),
-                                 CUDA_R_16BF, static_cast<int>(p.n), CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
+    detail::cublas_gemm_bf16_tn(lanes_->cublas(r), a[r], b[r], ws_.view(r).local(p.ws.partial), p.m(),
+                                p.n, p.k);
     set_signals_kernel<<<ceil_div(p.gemm.num_tiles(), 256), 256, 0, world_.stream(r)>>>(
         ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), e2);
     TL_CUDA_CHECK(cudaGetLastError());
@@ -193,11 +188,7 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
 
 PathChoice GemmRs::choose(OpPath requested) const {
   const int r0 = world_.local_ranks().front();
-  MachineModel m;
-  m.ranks_share_gpu = world_.transport() == Transport::kVirtual;
-  m.sms = world_.sm_count(r0);
-  m.gemm_sms = gemm_sms(r0);
-  return choose_path(plans_[r0], m, requested);
+  return choose_path(plans_[r0], detail::machine_model(world_, r0, gemm_sms(r0)), requested);
 }
 
 void GemmRs::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,

@@ -16,6 +16,7 @@
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/runtime/world.hpp"
+#include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cuda::detail {
 
@@ -25,6 +26,26 @@ inline void check_cublas(cublasStatus_t s, const char* what, const char* file, i
                                                     std::to_string(static_cast<int>(s)));
 }
 #define TL_CUBLAS_CHECK(call) ::tilelink::cuda::detail::check_cublas((call), #call, __FILE__, __LINE__)
+
+// The baseline's GEMM: C[m, n] (row-major) = A[m, k] B[n, k]^T in bf16 with fp32 accumulation, i.e.
+// C^T = B A^T in cuBLAS's column-major terms. Dense rows (ld = k, k, n).
+inline void cublas_gemm_bf16_tn(cublasHandle_t h, const void* a, const void* b, void* c, int64_t m,
+                                int64_t n, int64_t k) {
+  const float alpha = 1.f, beta = 0.f;
+  TL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                               static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(k), a,
+                               CUDA_R_16BF, static_cast<int>(k), &beta, c, CUDA_R_16BF,
+                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The cost model's view of a world whose GEMM runs on gemm_sms of each rank's SMs.
+inline MachineModel machine_model(const World& world, int rank, int gemm_sms) {
+  MachineModel m;
+  m.ranks_share_gpu = world.transport() == Transport::kVirtual;
+  m.sms = world.sm_count(rank);
+  m.gemm_sms = gemm_sms;
+  return m;
+}
 
 class RankLanes {
  public:
