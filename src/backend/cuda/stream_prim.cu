@@ -4,11 +4,59 @@
 #include <cuda.h>
 
 #include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/epoch.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cuda {
 
 namespace {
+
+// Graph mode's signal operations: one thread, the value read from the epoch counter when it runs.
+template <Scope S>
+__global__ void graph_notify_kernel(DeviceContext ctx, SymmetricView heap, int peer, Field<Signal> f,
+                                    int slot, Epoch value) {
+  peer_tile_notify<S>(ctx, heap, peer, f, slot, value.value());
+}
+template <Scope S>
+__global__ void graph_wait_kernel(DeviceContext ctx, SymmetricView heap, int owner, Field<Signal> f,
+                                  int slot, int tile, Epoch target) {
+  peer_tile_wait<S>(ctx, heap, owner, f, slot, target.value(), WaitSite{"signal (graph-mode stream wait)", tile});
+}
+template <Scope S>
+__global__ void graph_barrier_kernel(DeviceContext ctx, SymmetricView heap, Field<Signal> f, Epoch epoch) {
+  rank_barrier<S>(ctx, heap, f, epoch.value());
+}
+TL_REGISTER_KERNELS(graph_notify_kernel<Scope::kGpu>, graph_notify_kernel<Scope::kSystem>,
+                    graph_wait_kernel<Scope::kGpu>, graph_wait_kernel<Scope::kSystem>,
+                    graph_barrier_kernel<Scope::kGpu>, graph_barrier_kernel<Scope::kSystem>);
+
+void check_launch(const StreamContext& ctx) {
+  const cudaError_t e = cudaGetLastError();
+  TL_REQUIRE(e == cudaSuccess, "op " << ctx.op << ": graph-mode signal kernel on rank " << ctx.rank
+                                     << " failed to launch: " << cudaGetErrorString(e));
+}
+
+// Graph mode: owner's f[slot] = *counter + value / wait for owner's f[slot] >= *counter + target.
+void graph_notify(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
+                  int slot, uint64_t value) {
+  const DeviceContext dc = ctx.world->device_context(ctx.rank);
+  const Epoch e{value, ctx.epoch_counter};
+  if (ctx.world->scope() == Scope::kGpu)
+    graph_notify_kernel<Scope::kGpu><<<1, 1, 0, ctx.stream>>>(dc, heap, peer, f, slot, e);
+  else
+    graph_notify_kernel<Scope::kSystem><<<1, 1, 0, ctx.stream>>>(dc, heap, peer, f, slot, e);
+  check_launch(ctx);
+}
+void graph_wait(const StreamContext& ctx, const SymmetricView& heap, int owner, Field<Signal> f,
+                int slot, int tile, uint64_t target) {
+  const DeviceContext dc = ctx.world->device_context(ctx.rank);
+  const Epoch e{target, ctx.epoch_counter};
+  if (ctx.world->scope() == Scope::kGpu)
+    graph_wait_kernel<Scope::kGpu><<<1, 1, 0, ctx.stream>>>(dc, heap, owner, f, slot, tile, e);
+  else
+    graph_wait_kernel<Scope::kSystem><<<1, 1, 0, ctx.stream>>>(dc, heap, owner, f, slot, tile, e);
+  check_launch(ctx);
+}
 
 void check(const StreamContext& ctx, const SymmetricView& heap, int owner, Field<Signal> f,
            int slot) {
@@ -39,42 +87,58 @@ void wait_value(const StreamContext& ctx, uint64_t* addr, int owner, int slot, u
 void producer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
                           int slot, uint64_t value) {
   check(ctx, heap, ctx.rank, f, slot);
+  if (ctx.epoch_counter) return graph_notify(ctx, heap, ctx.rank, f, slot, value);
   write_value(ctx, heap.peer(ctx.rank, f) + slot, value);
 }
 
 void consumer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
                         int slot, uint64_t target, WaitSite site) {
   check(ctx, heap, ctx.rank, f, slot);
+  if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, slot, site.tile, target);
   wait_value(ctx, heap.peer(ctx.rank, f) + slot, ctx.rank, slot, target, site);
 }
 
 void peer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, int peer,
                       Field<Signal> f, int slot, uint64_t value) {
   check(ctx, heap, peer, f, slot);
+  if (ctx.epoch_counter) return graph_notify(ctx, heap, peer, f, slot, value);
   write_value(ctx, heap.peer(peer, f) + slot, value);
 }
 
 void peer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
                     int slot, uint64_t target, WaitSite site) {
   check(ctx, heap, peer, f, slot);
+  if (ctx.epoch_counter) return graph_wait(ctx, heap, peer, f, slot, site.tile, target);
   wait_value(ctx, heap.peer(peer, f) + slot, peer, slot, target, site);
 }
 
 void rank_notify(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
                  uint64_t value) {
   check(ctx, heap, peer, f, ctx.rank);
+  if (ctx.epoch_counter) return graph_notify(ctx, heap, peer, f, ctx.rank, value);
   write_value(ctx, heap.peer(peer, f) + ctx.rank, value);
 }
 
 void rank_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
                uint64_t target) {
   check(ctx, heap, ctx.rank, f, peer);
+  if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, peer, -1, target);
   wait_value(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
              WaitSite{"rank_signals", -1});
 }
 
 void rank_barrier(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
                   uint64_t epoch) {
+  if (ctx.epoch_counter) {  // one kernel: every notify, then every wait
+    TL_REQUIRE(ctx.world && ctx.stream, "op " << ctx.op << ": stream context without a world or stream");
+    const DeviceContext dc = ctx.world->device_context(ctx.rank);
+    const Epoch e{epoch, ctx.epoch_counter};
+    if (ctx.world->scope() == Scope::kGpu)
+      graph_barrier_kernel<Scope::kGpu><<<1, 1, 0, ctx.stream>>>(dc, heap, f, e);
+    else
+      graph_barrier_kernel<Scope::kSystem><<<1, 1, 0, ctx.stream>>>(dc, heap, f, e);
+    return check_launch(ctx);
+  }
   for (int p = 0; p < heap.world_size; ++p) rank_notify(ctx, heap, p, f, epoch);
   for (int p = 0; p < heap.world_size; ++p) rank_wait(ctx, heap, p, f, epoch);
 }

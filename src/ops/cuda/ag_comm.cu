@@ -52,7 +52,8 @@ __device__ void init_pipe(BulkPipe& pipe, const DeviceContext& ctx, Block block)
 // comm program, pull: bring every comm tile into this rank's gathered buffer, own tiles first.
 template <Scope S, bool kBulk>
 __global__ void ag_pull_kernel(AgGemmPlan p, SymmetricView heap, DeviceContext ctx, const void* a,
-                               uint64_t epoch) {
+                               Epoch call) {
+  const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   BulkPipe pipe;
   init_pipe<kBulk>(pipe, ctx, block);
@@ -83,7 +84,8 @@ __global__ void ag_pull_kernel(AgGemmPlan p, SymmetricView heap, DeviceContext c
 // comm program, push: write this rank's tiles into every rank's gathered buffer (itself first).
 template <Scope S, bool kBulk>
 __global__ void ag_push_kernel(AgGemmPlan p, SymmetricView heap, DeviceContext ctx, const void* a,
-                               uint64_t epoch) {
+                               Epoch call) {
+  const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   BulkPipe pipe;
   init_pipe<kBulk>(pipe, ctx, block);
@@ -109,7 +111,7 @@ TL_REGISTER_KERNELS(ag_pull_kernel<Scope::kGpu, false>, ag_pull_kernel<Scope::kG
 
 template <Scope S>
 void launch_sm(World& world, const AgGemmPlan& p, const SymmetricView& heap, const void* a,
-               uint64_t epoch, const CommLaunch& how) {
+               Epoch epoch, const CommLaunch& how) {
   const bool bulk = how.method == CopyMethod::kBulk;
   const bool push = p.config.mode == CommMode::kPush;
   const DeviceContext ctx = world.device_context(p.rank);
@@ -123,10 +125,12 @@ void launch_sm(World& world, const AgGemmPlan& p, const SymmetricView& heap, con
 
 // comm program on the copy engine: the pull order, each peer tile after the owner's notify.
 void launch_ce(World& world, const AgGemmPlan& p, const SymmetricView& heap, const void* a,
-               uint64_t epoch) {
+               Epoch call) {
   TL_REQUIRE(p.config.mode == CommMode::kPull, "ag_comm: the copy engine runs the pull program only");
   world.bind(p.rank);
-  StreamContext sc{&world, p.rank, world.stream(p.rank), "ag_comm"};
+  // Graph mode: the stream prims add *call.counter to each value at run time.
+  StreamContext sc{&world, p.rank, world.stream(p.rank), "ag_comm", call.counter};
+  const uint64_t epoch = call.offset;
   rank_barrier(sc, heap, p.ws.barrier, epoch);
   std::byte* gathered = heap.local(p.ws.gathered);
   for (int i = 0; i < p.comm.num_tiles(); ++i) {
@@ -155,13 +159,13 @@ const char* copy_method_name(CopyMethod m) {
 }
 
 void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap, const void* a,
-                    uint64_t epoch, const CommLaunch& how) {
+                    Epoch epoch, const CommLaunch& how) {
   TL_REQUIRE(p.world_size == world.size(), "ag_comm: a plan for " << p.world_size
                                                << " ranks in a world of " << world.size());
   TL_REQUIRE(heap.rank == p.rank && heap.world_size == p.world_size,
              "ag_comm: the heap view is rank " << heap.rank << "'s, the plan rank " << p.rank << "'s");
   TL_REQUIRE(a || p.comm.parts.size(p.rank) == 0, "ag_comm: null A on rank " << p.rank);
-  TL_REQUIRE(epoch >= 1, "ag_comm: epochs start at 1");
+  TL_REQUIRE(epoch.on_device() || epoch.offset >= 1, "ag_comm: epochs start at 1");
   if (how.method == CopyMethod::kCopyEngine) return launch_ce(world, p, heap, a, epoch);
   TL_REQUIRE(how.threads >= 32 && how.threads <= 1024 && how.threads % 32 == 0,
              "ag_comm: threads per block must be a multiple of 32 in [32, 1024], got " << how.threads);

@@ -88,7 +88,8 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
 // every source rank (peers first, own last, as on the CPU); sources summed in rank order.
 template <Scope S, bool kPush>
 __global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
-                                 uint64_t epoch) {
+                                 Epoch call) {
+  const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   const int64_t eb = p.elem_bytes();
   const int64_t seg0 = p.rows.begin(ctx.rank);
@@ -131,7 +132,8 @@ __global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext
 // The compute program's publishing side, for a finished partial P_r [M, N].
 template <Scope S, bool kPush>
 __global__ void rs_publish_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx,
-                                  const void* partial, uint64_t epoch) {
+                                  const void* partial, Epoch call) {
+  const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   const int64_t eb = p.elem_bytes();
   const std::byte* mine = static_cast<const std::byte*>(partial);
@@ -189,7 +191,7 @@ void check(World& world, const GemmRsPlan& p, const SymmetricView& heap, const C
 
 template <Scope S>
 void reduce_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
-               uint64_t epoch, const CommLaunch& how) {
+               Epoch epoch, const CommLaunch& how) {
   auto* k = p.config.mode == CommMode::kPush ? rs_reduce_kernel<S, true> : rs_reduce_kernel<S, false>;
   detail::launch_on_rank(world, p.rank, "rs_reduce", k, how.workers, how.threads, 0, p, heap,
                          world.device_context(p.rank), c, epoch);
@@ -197,7 +199,7 @@ void reduce_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, voi
 
 template <Scope S>
 void publish_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, const void* partial,
-                uint64_t epoch, const CommLaunch& how) {
+                Epoch epoch, const CommLaunch& how) {
   auto* k = p.config.mode == CommMode::kPush ? rs_publish_kernel<S, true> : rs_publish_kernel<S, false>;
   detail::launch_on_rank(world, p.rank, "rs_publish", k, how.workers, how.threads, 0, p, heap,
                          world.device_context(p.rank), partial, epoch);
@@ -206,19 +208,19 @@ void publish_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, co
 }  // namespace
 
 void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
-                      uint64_t epoch, const CommLaunch& how) {
+                      Epoch epoch, const CommLaunch& how) {
   check(world, p, heap, how, "rs_reduce");
   TL_REQUIRE(c || p.rows.size(p.rank) == 0, "rs_reduce: null C on rank " << p.rank);
-  TL_REQUIRE(epoch >= 1, "rs_reduce: epochs start at 1");
+  TL_REQUIRE(epoch.on_device() || epoch.offset >= 1, "rs_reduce: epochs start at 1");
   if (world.scope() == Scope::kGpu) reduce_at<Scope::kGpu>(world, p, heap, c, epoch, how);
   else reduce_at<Scope::kSystem>(world, p, heap, c, epoch, how);
 }
 
 void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,
-                       const void* partial, uint64_t epoch, const CommLaunch& how) {
+                       const void* partial, Epoch epoch, const CommLaunch& how) {
   check(world, p, heap, how, "rs_publish");
   TL_REQUIRE(partial, "rs_publish: null partial on rank " << p.rank);
-  TL_REQUIRE(epoch >= 1, "rs_publish: epochs start at 1");
+  TL_REQUIRE(epoch.on_device() || epoch.offset >= 1, "rs_publish: epochs start at 1");
   if (world.scope() == Scope::kGpu) publish_at<Scope::kGpu>(world, p, heap, partial, epoch, how);
   else publish_at<Scope::kSystem>(world, p, heap, partial, epoch, how);
 }

@@ -11,6 +11,12 @@
 //
 // Bounded: a stream wait cannot time out on the device; each one is noted in the world, and
 // World::sync() reports the first that never completed (op, rank, tile, slot, expected, observed).
+//
+// Graph mode (epoch_counter set): a stream wait/write-value bakes its value into the stream (and
+// into a captured graph), so a replay would see the values of the captured call. With a counter,
+// every value and target is an offset added (wrapping) to *epoch_counter when the operation runs,
+// and each signal operation is a one-thread kernel on the stream (a bounded device wait: a timeout
+// traps and World::sync() reports it). Copies stay on the copy engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +33,7 @@ struct StreamContext {
   int rank = 0;
   cudaStream_t stream = nullptr;
   const char* op = "?";
+  const uint64_t* epoch_counter = nullptr;  // graph mode: values are offsets from *epoch_counter
 };
 
 void producer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,

@@ -9,12 +9,14 @@
 //   world.sync("ag_comm");
 //
 // Each launcher enqueues on world.stream(plan.rank) and returns; each starts with the op's entry
-// barrier on ws.barrier with `epoch` (every call uses the next epoch: 1, 2, ...). Inputs are
-// checked and refused (tilelink::Error) before anything is launched.
+// barrier on ws.barrier with `epoch` (every call uses the next epoch: 1, 2, ...; an Epoch with a
+// counter, backend/cuda/epoch.hpp, for a graph-captured call). Inputs are checked and refused
+// (tilelink::Error) before anything is launched.
 #pragma once
 
 #include <cstdint>
 
+#include "tilelink/backend/cuda/epoch.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
 #include "tilelink/runtime/world.hpp"
@@ -38,7 +40,7 @@ struct CommLaunch {
 // rank's (push) `gathered`, in the plan's order, each announced on tile_ready[t] = epoch.
 // a = A_r [M_r, K] on the rank's device.
 void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap, const void* a,
-                    uint64_t epoch, const CommLaunch& how);
+                    Epoch epoch, const CommLaunch& how);
 
 // ReduceScatter half of GEMM+RS on rank p.rank: each reduce tile of its segment, once the gemm
 // tiles covering it are done on every source rank (pull: tile_done of each source; push: staged
@@ -46,13 +48,13 @@ void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap
 // Vector or bulk: SM-driven (the bulk method is not used by the reduction; it reads peers with
 // vector loads). The copy engine cannot reduce: refused.
 void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
-                      uint64_t epoch, const CommLaunch& how);
+                      Epoch epoch, const CommLaunch& how);
 
 // The compute program's side of GEMM+RS for a finished partial P_r [M, N] (tests and benches
 // of the reduce half): entry barrier, then each gemm tile in the compute order published: pull:
 // copied into ws.partial and tile_done[t] = epoch; push: copied into each owner's staging slot of
 // this rank and staged[slot] = epoch on the owner.
 void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,
-                       const void* partial, uint64_t epoch, const CommLaunch& how);
+                       const void* partial, Epoch epoch, const CommLaunch& how);
 
 }  // namespace tilelink::cuda
