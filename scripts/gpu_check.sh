@@ -47,7 +47,11 @@ done
 ipc=$(find "$BIN" -maxdepth 3 -type f -name 'gpu_ipc_allgather' | head -1)
 if [ -n "$ipc" ] && command -v mpirun >/dev/null; then
   if [[ -z "${TILELINK_GPU_TESTS:-}" || "gpu_ipc_allgather" =~ ${TILELINK_GPU_TESTS} ]]; then
-    run gpu_ipc_allgather mpirun --allow-run-as-root --oversubscribe -np 2 -x LD_LIBRARY_PATH "$ipc"
+    # NOTE: each rank takes GPU (node-local rank % GPUs) (runtime/world.hpp): on a machine of two GPUs
+    # or more the two ranks sit on GPUs 0 and 1 (the test checks it), on one GPU they share it.
+    run gpu_ipc_allgather mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+      -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS "$ipc"
+    grep -h "^ipc_allgather: [0-9]* ranks" "$LOG/tests.log" | tail -1 >>"$SUMMARY"
   fi
 else
   echo "SKIP gpu_ipc_allgather (no binary or no mpirun)" | tee -a "$SUMMARY"
@@ -59,6 +63,6 @@ if [ -n "$cli" ]; then
     echo "PASS bench prim" | tee -a "$SUMMARY" || { echo "FAIL bench prim" | tee -a "$SUMMARY"; status=1; }
   cat "$LOG/bench_prim.txt"
 fi
-grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$LOG/tests.log" >>"$SUMMARY"
+grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]" "$LOG/tests.log" >>"$SUMMARY"
 echo "== summary ==" && cat "$SUMMARY"
 exit $status

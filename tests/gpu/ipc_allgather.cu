@@ -1,7 +1,9 @@
-// The ipc transport: one process per rank (mpirun -np 2, on one GPU here), the AllGather half of
-// AG+GEMM over CUDA IPC handles exchanged through MPI. Every rank checks its gathered A against the
-// concatenation of every rank's A (generated from a seed every rank knows), bit for bit.
+// The ipc transport: one process per rank (mpirun -np 2), the AllGather half of AG+GEMM over CUDA
+// IPC handles exchanged through MPI. Every rank checks its gathered A against the concatenation of
+// every rank's A (generated from a seed every rank knows), bit for bit. With as many GPUs as ranks,
+// the ranks must sit on different GPUs (checked); with fewer, they share (time-sliced, slow).
 // Without MPI in the build it reports a skip.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -29,6 +31,23 @@ int main(int argc, char** argv) {
   try {
     tlc::World w({.transport = tlc::Transport::kIpc});
     const int me = w.local_ranks().at(0), world = w.size();
+    int gpus = 0;
+    TL_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+    std::vector<int> devices(world);
+    const int mine = w.device(me);
+    MPI_Allgather(&mine, 1, MPI_INT, devices.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    int distinct = 0;
+    for (int r = 0; r < world; ++r) distinct += std::count(devices.begin(), devices.begin() + r, devices[r]) == 0;
+    if (me == 0) {
+      std::printf("ipc_allgather: %d ranks, %d GPUs here; rank -> GPU:", world, gpus);
+      for (int r = 0; r < world; ++r) std::printf(" %d->%d", r, devices[r]);
+      std::printf("\n");
+    }
+    if (distinct != std::min(world, gpus)) {
+      std::fprintf(stderr, "ipc_allgather: rank %d: %d ranks on %d distinct GPUs, %d GPUs here\n", me, world,
+                   distinct, gpus);
+      failures += 1;
+    }
     std::vector<int64_t> counts(world);
     for (int r = 0; r < world; ++r) counts[r] = 37 + 29 * r;  // ragged
     const RowPartition rows = RowPartition::from_counts(counts);

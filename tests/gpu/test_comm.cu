@@ -1,10 +1,13 @@
-// The communication halves of AG+GEMM and GEMM+RS on the CUDA backend (virtual transport, one GPU)
-// give the same bits as the CPU backend's programs, for world sizes 1..8 and ragged shapes.
+// The communication halves of AG+GEMM and GEMM+RS on the CUDA backend give the same bits as the CPU
+// backend's programs: over the virtual transport (one GPU) for world sizes 1..8 and ragged shapes,
+// and over the peer transport (one process, one GPU per rank) for world sizes 2..GPUs (skipped, with
+// the GPU count in the message, on a machine of one GPU).
 //   AG: the gathered A of every rank after the CUDA comm program == cpu::AgGemm::gathered().
 //   RS: given fixed partials P_r, the CUDA reduce output == cpu::GemmRs with A_r = P_r and
 //       B_r = I (so the CPU's "GEMM" reproduces P_r exactly and its reduce program does the rest).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -38,6 +41,23 @@ struct DeviceBuf {
   }
 };
 
+// Rank r's device current (allocations, memsets); a virtual world's ranks all share one GPU.
+void on_rank(const tlc::World& w, int r) { TL_CUDA_CHECK(cudaSetDevice(w.device(r))); }
+
+// Every GPU of the world idle.
+void sync_devices(const tlc::World& w) {
+  for (int r : w.local_ranks()) {
+    on_rank(w, r);
+    TL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
+int gpu_count() {
+  int n = 0;
+  TL_CUDA_CHECK(cudaGetDeviceCount(&n));
+  return n;
+}
+
 RowPartition ragged(std::mt19937& rng, int world, int64_t max_rows) {
   std::vector<int64_t> counts(world);
   std::uniform_int_distribution<int64_t> u(0, max_rows);
@@ -53,6 +73,7 @@ struct AgCase {
   int64_t k;
   CommMode mode;
   tlc::CopyMethod method;
+  tlc::Transport transport = tlc::Transport::kVirtual;
 };
 
 void run_ag_case(const AgCase& tc, uint32_t seed) {
@@ -69,7 +90,7 @@ void run_ag_case(const AgCase& tc, uint32_t seed) {
   cpu::World cw(tc.world);
   cpu::AgGemm cop(cw, rows, n_per_rank, tc.k, tc.dtype, cfg);
   // GPU backend, same plans.
-  tlc::World gw({.transport = tlc::Transport::kVirtual, .world_size = tc.world});
+  tlc::World gw({.transport = tc.transport, .world_size = tc.world});
   std::vector<AgGemmPlan> plans;
   for (int r = 0; r < tc.world; ++r) plans.push_back(AgGemmPlan::make(r, rows, 8, tc.k, tc.dtype, cfg));
   tlc::SymmetricBuffer ws = gw.allocate(plans[0].ws.num_bytes);
@@ -83,12 +104,13 @@ void run_ag_case(const AgCase& tc, uint32_t seed) {
       a.push_back(random_matrix(rng, tc.dtype, rows.size(r), tc.k));
       b.push_back(random_matrix(rng, tc.dtype, 8, tc.k));
       c[r].resize(static_cast<size_t>(rows.total() * 8 * dtype_size(tc.dtype)));
+      on_rank(gw, r);
       a_dev.push_back(std::make_unique<DeviceBuf>(a[r].size()));
       a_dev[r]->upload(a[r]);
       // Poison the gathered buffer.
       TL_CUDA_CHECK(cudaMemset(plans[r].ws.gathered.in(ws.base(r)), 0xff, gathered_bytes));
     }
-    TL_CUDA_CHECK(cudaDeviceSynchronize());
+    sync_devices(gw);
     cw.run([&](cpu::RankContext& ctx) {
       cop.run(ctx, a[ctx.rank].data(), b[ctx.rank].data(), c[ctx.rank].data());
     });
@@ -101,7 +123,8 @@ void run_ag_case(const AgCase& tc, uint32_t seed) {
                                cudaMemcpyDeviceToHost));
       ASSERT_EQ(0, std::memcmp(got.data(), cop.gathered(r), gathered_bytes))
           << "rank " << r << " epoch " << epoch << " world " << tc.world << " k " << tc.k
-          << " method " << tlc::copy_method_name(tc.method);
+          << " method " << tlc::copy_method_name(tc.method) << " transport "
+          << tlc::transport_name(tc.transport);
     }
   }
 }
@@ -111,6 +134,7 @@ struct RsCase {
   DType dtype;
   int64_t n;
   CommMode mode;
+  tlc::Transport transport = tlc::Transport::kVirtual;
 };
 
 void run_rs_case(const RsCase& tc, uint32_t seed) {
@@ -131,7 +155,7 @@ void run_rs_case(const RsCase& tc, uint32_t seed) {
 
   cpu::World cw(tc.world);
   cpu::GemmRs cop(cw, rows, n, k_per_rank, tc.dtype, cfg);
-  tlc::World gw({.transport = tlc::Transport::kVirtual, .world_size = tc.world});
+  tlc::World gw({.transport = tc.transport, .world_size = tc.world});
   std::vector<GemmRsPlan> plans;
   for (int r = 0; r < tc.world; ++r) plans.push_back(GemmRsPlan::make(r, rows, n, n, tc.dtype, cfg));
   tlc::SymmetricBuffer ws = gw.allocate(plans[0].ws.num_bytes);
@@ -143,12 +167,13 @@ void run_rs_case(const RsCase& tc, uint32_t seed) {
       partial.push_back(random_matrix(rng, tc.dtype, m, n));
       const size_t cb = static_cast<size_t>(rows.size(r) * n * dtype_size(tc.dtype));
       c_cpu[r].resize(cb);
+      on_rank(gw, r);
       p_dev.push_back(std::make_unique<DeviceBuf>(partial[r].size()));
       p_dev[r]->upload(partial[r]);
       c_dev.push_back(std::make_unique<DeviceBuf>(cb));
       TL_CUDA_CHECK(cudaMemset(c_dev[r]->p, 0xff, cb ? cb : 16));  // poison
     }
-    TL_CUDA_CHECK(cudaDeviceSynchronize());
+    sync_devices(gw);
     cw.run([&](cpu::RankContext& ctx) {
       cop.run(ctx, partial[ctx.rank].data(), eye.data(), c_cpu[ctx.rank].data());
     });
@@ -160,7 +185,8 @@ void run_rs_case(const RsCase& tc, uint32_t seed) {
     for (int r = 0; r < tc.world; ++r) {
       std::vector<std::byte> got = c_dev[r]->download(c_cpu[r].size());
       ASSERT_EQ(0, std::memcmp(got.data(), c_cpu[r].data(), got.size()))
-          << "rank " << r << " epoch " << epoch << " world " << tc.world << " n " << n;
+          << "rank " << r << " epoch " << epoch << " world " << tc.world << " n " << n << " transport "
+          << tlc::transport_name(tc.transport);
     }
   }
 }
@@ -201,6 +227,42 @@ TEST(CommRs, UnalignedColumnsAndOtherDtypes) {
     run_rs_case({world, DType::kBF16, 77, CommMode::kPull}, 300 + world);
     run_rs_case({world, DType::kF32, 96, CommMode::kPush}, 400 + world);
     run_rs_case({world, DType::kF16, 130, CommMode::kPull}, 500 + world);
+  }
+}
+
+// ---- peer transport: one process, one GPU per rank (NVLink / PCIe peer access) ----------------------
+
+TEST(CommPeer, AgMatchesCpuOnSeveralGpus) {
+  const int gpus = gpu_count();
+  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs or more; this machine has " << gpus;
+  const auto peer = tlc::Transport::kPeer;
+  uint32_t seed = 2000;
+  for (int world = 2; world <= std::min(gpus, 8); ++world) {
+    for (auto method : {tlc::CopyMethod::kVector, tlc::CopyMethod::kBulk, tlc::CopyMethod::kCopyEngine}) {
+      SCOPED_TRACE(testing::Message() << "peer world " << world << " " << tlc::copy_method_name(method));
+      run_ag_case({world, DType::kBF16, 136, CommMode::kPull, method, peer}, seed++);
+      if (method != tlc::CopyMethod::kCopyEngine) {
+        run_ag_case({world, DType::kBF16, 136, CommMode::kPush, method, peer}, seed++);
+        run_ag_case({world, DType::kBF16, 67, CommMode::kPull, method, peer}, seed++);  // unaligned rows
+        run_ag_case({world, DType::kF32, 100, CommMode::kPush, method, peer}, seed++);
+      }
+    }
+  }
+}
+
+TEST(CommPeer, RsMatchesCpuOnSeveralGpus) {
+  const int gpus = gpu_count();
+  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs or more; this machine has " << gpus;
+  const auto peer = tlc::Transport::kPeer;
+  uint32_t seed = 3000;
+  for (int world = 2; world <= std::min(gpus, 8); ++world) {
+    SCOPED_TRACE(testing::Message() << "peer world " << world);
+    for (CommMode mode : {CommMode::kPull, CommMode::kPush}) {
+      run_rs_case({world, DType::kBF16, 200, mode, peer}, seed++);
+      run_rs_case({world, DType::kBF16, 77, mode, peer}, seed++);
+    }
+    run_rs_case({world, DType::kF32, 96, CommMode::kPush, peer}, seed++);
+    run_rs_case({world, DType::kF16, 130, CommMode::kPull, peer}, seed++);
   }
 }
 

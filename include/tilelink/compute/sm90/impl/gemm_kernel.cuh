@@ -5,7 +5,8 @@
 // The mainloop (TMA loads into a Stages-deep smem ring, wgmma 2x(64x256x16) per k-block) is CUTLASS's
 // sm90 warp-specialized collective; the persistent tile walk, the hooks and the epilogue are ours.
 //
-// Block: 384 threads = warpgroup 0 (warp 0: TMA producer, warp 1: tile notifier, warps 2-3 idle)
+// Block: 384 threads = warpgroup 0 (warp 0: TMA producer, warp 1: tile notifier, warp 2: the first
+//                     tile's wait when Hooks::kFirstWaitAtEntry, warp 3 idle)
 //                     + warpgroups 1-2 (consumers: 128x256 tile, each warpgroup 64x256, fp32 accum).
 #pragma once
 
@@ -40,6 +41,13 @@ struct NoHooks {
 };
 
 namespace detail {
+
+// Hooks::kFirstWaitAtEntry (optional, default false): see gemm.hpp.
+template <class Hooks>
+TL_HD constexpr bool first_wait_at_entry() {
+  if constexpr (requires { Hooks::kFirstWaitAtEntry; }) return Hooks::kWaits && Hooks::kFirstWaitAtEntry;
+  else return false;
+}
 
 // Throws tilelink::Error naming the failed CUDA call and file:line.
 inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
@@ -149,16 +157,27 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   if constexpr (Hooks::kNotifies) {
     if (warp_idx == 1 && cute::elect_one_sync()) {
       for (int s = 0; s < TileStoredRing::kSlots; ++s) {
-        Barrier::init(&shared.stored.full[s], Cfg::kNumMmaThreads);
+        Barrier::init(&shared.stored.full[s], Cfg::kNumMmaWarps);  // one arrive per consumer warp
         Barrier::init(&shared.stored.empty[s], 1);
       }
       cutlass::arch::fence_barrier_init();
     }
   }
-  __syncthreads();
 
   const TileGrid grid = gemm_tile_grid(p.m, p.n);
   const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), p.order.count()};
+  constexpr bool kEarlyWait = first_wait_at_entry<Hooks>();
+  if constexpr (kEarlyWait) {
+    // The first tile's wait overlaps the setup above (its signal load is the first memory access of
+    // the block); __syncthreads carries its acquire to the load warp, which fences the async proxy.
+    if (warp_idx == 2 && walk.num_local() > 0) {
+      Hooks hooks = p.hooks;
+      const TileCoord first = p.order.at(walk.global(0));
+      hooks.before_tile_loads(first, grid.region(first));
+      __syncwarp();
+    }
+  }
+  __syncthreads();
   const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
   const auto problem_mnkl = make_shape(p.m, p.n, p.k, 1);
   Mainloop mainloop;
@@ -175,7 +194,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       for (int j = 0; j < walk.num_local(); ++j) {
         const TileCoord tile = p.order.at(walk.global(j));
         if constexpr (Hooks::kWaits) {
-          hooks.before_tile_loads(tile, grid.region(tile));
+          if (!kEarlyWait || j > 0) hooks.before_tile_loads(tile, grid.region(tile));
           __syncwarp();
           // NOTE: the hook's acquire is a generic-proxy access; TMA reads through the async proxy.
           fence_proxy_async_global();
@@ -228,8 +247,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum);
       }
       if constexpr (Hooks::kNotifies) {
-        // NOTE: mbarrier.arrive has release.cta semantics: this thread's stores are ordered before it.
-        Barrier::arrive(&shared.stored.full[slot]);
+        // NOTE: __syncwarp orders every lane's stores before lane 0's mbarrier.arrive, which has
+        // release.cta semantics (cumulative); one arrive per warp, not 256 on one barrier.
+        __syncwarp();
+        if (cutlass::canonical_lane_idx() == 0) Barrier::arrive(&shared.stored.full[slot]);
       }
     }
   }

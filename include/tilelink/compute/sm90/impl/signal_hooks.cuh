@@ -22,10 +22,12 @@ struct WaitTimeout {
 // NOTE: a hook must make no function call (no printf, nothing non-inlined): ptxas then serializes
 // every wgmma of the kernel (warning C7510), about 7% slower. So a timeout is reported through
 // `timeout` (if set) and a trap, not printf.
-template <cuda::thread_scope Scope = cuda::thread_scope_device>
+// kEarly: the first tile's wait at kernel entry (gemm.hpp, kFirstWaitAtEntry).
+template <cuda::thread_scope Scope = cuda::thread_scope_device, bool kEarly = false>
 struct SignalHooks {
   static constexpr bool kWaits = true;
   static constexpr bool kNotifies = true;
+  static constexpr bool kFirstWaitAtEntry = kEarly;
   static constexpr long long kMaxPolls = 1ll << 26;  // ~seconds with the backoff below
 
   uint64_t* wait_signals = nullptr;    // [tiles_m * tiles_n], row-major by tile; nullptr: no wait
@@ -35,7 +37,9 @@ struct SignalHooks {
   WaitTimeout* timeout = nullptr;  // host-mapped; optional
 
   __device__ __forceinline__ void before_tile_loads(TileCoord tile, Rect) {
-    if (wait_signals == nullptr || threadIdx.x % 32 != 0) return;
+    unsigned lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    if (wait_signals == nullptr || lane != 0) return;
     const int slot = tile.m * tiles_n + tile.n;
     cuda::atomic_ref<uint64_t, Scope> sig(wait_signals[slot]);
     uint64_t seen = sig.load(cuda::memory_order_acquire);
