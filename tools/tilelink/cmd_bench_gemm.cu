@@ -102,17 +102,17 @@ Paired paired(const std::vector<float>& x, const std::vector<double>& y) {
 }
 
 int bench_gemm(Args& args) {
-  const auto shapes = parse_shapes(args.get("shapes", kDefaultShapes));
+  const auto shapes = parse_shapes(args.get("--shapes", kDefaultShapes));
   DType in = DType::kBF16, out = DType::kBF16;
-  TL_REQUIRE(parse_dtype(args.get("dtype", "bf16"), &in), "bench gemm: bad --dtype");
-  TL_REQUIRE(parse_dtype(args.get("out-dtype", std::string(dtype_name(in))), &out), "bench gemm: bad --out-dtype");
-  const int reps = static_cast<int>(args.get_int("reps", 100));
-  const int warmup = static_cast<int>(args.get_int("warmup", 5));
-  const int num_sms = static_cast<int>(args.get_int("num-sms", 0));
-  const int group_m = static_cast<int>(args.get_int("group-m", 0));
-  const bool verify = !args.flag("no-verify");
-  const bool csv = args.flag("csv");
-  const uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 20261129));
+  TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &in), "bench gemm: bad --dtype");
+  TL_REQUIRE(parse_dtype(args.get("--out-dtype", std::string(dtype_name(in))), &out), "bench gemm: bad --out-dtype");
+  const int reps = static_cast<int>(args.get_int("--reps", 100));
+  const int warmup = static_cast<int>(args.get_int("--warmup", 5));
+  const int num_sms = static_cast<int>(args.get_int("--num-sms", 0));
+  const int group_m = static_cast<int>(args.get_int("--group-m", 0));
+  const bool verify = !args.flag("--no-verify");
+  const bool csv = args.flag("--csv");
+  const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
   const bool hooks_on = in == DType::kBF16 && out == DType::kBF16;
@@ -330,6 +330,6 @@ TILELINK_REGISTER_COMMAND({"bench gemm",
                            "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
                            "against a float32 reference",
                            &bench_gemm,
-                           {"no-verify", "csv"}});
+                           {"--no-verify", "--csv"}});
 
 }  // namespace tilelink::cli
