@@ -2,12 +2,15 @@
 # Installs what tilelink needs on a fresh Debian machine and configures + builds it.
 #   bash scripts/setup.sh [build-dir]      (default: build)
 # Installs only what is missing: Debian packages (compiler, CMake, GoogleTest, Google Benchmark,
-# OpenMPI for the ipc transport) and the CuTe/CUTLASS headers from PyPI's nvidia-cutlass wheel into
-# third_party/ (ignored by git). nvcc is optional: without it only the CPU parts are built.
+# OpenMPI for the ipc transport), the CuTe/CUTLASS headers from PyPI's nvidia-cutlass wheel and NCCL
+# (header and library, for the fused ops' cuBLAS+NCCL baselines) from PyPI's nvidia-nccl-cu13 wheel,
+# both into third_party/ (ignored by git). nvcc is optional: without it only the CPU parts are built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 CUTLASS_VERSION=4.2.0.0
+# NOTE: the NCCL of torch 2.11 (cu130) on the GPU machines, whose libnccl.so.2 the binaries load there.
+NCCL_VERSION=2.28.9
 
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
@@ -40,6 +43,31 @@ with zipfile.ZipFile(whl) as z:
             with open(out, "wb") as f: f.write(z.read(name))
 PY
   echo "$CUTLASS_VERSION" > third_party/cutlass/VERSION
+  rm -rf "$tmp"
+fi
+
+# NCCL (nccl.h and libnccl.so.2), pinned, from PyPI; CMake requires it when it builds the CUDA parts.
+if [ ! -f third_party/nccl/include/nccl.h ] || [ ! -f third_party/nccl/lib/libnccl.so.2 ] || \
+   [ "$(cat third_party/nccl/VERSION 2>/dev/null)" != "$NCCL_VERSION" ]; then
+  echo "setup: fetching NCCL (nvidia-nccl-cu13==$NCCL_VERSION) from PyPI"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: "nvidia-nccl-cu13==$NCCL_VERSION" -d "$tmp"
+  rm -rf third_party/nccl && mkdir -p third_party/nccl/include third_party/nccl/lib
+  python3 - "$tmp" <<'PY'
+import glob, os, sys, zipfile
+whl = glob.glob(sys.argv[1] + "/nvidia_nccl_cu13-*.whl")[0]
+prefix = "nvidia/nccl/"
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        rel = name[len(prefix):]
+        if name.startswith(prefix) and (rel.startswith("include/") or rel == "lib/libnccl.so.2") \
+                and not name.endswith("/"):
+            out = "third_party/nccl/" + rel
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "wb") as f: f.write(z.read(name))
+PY
+  ln -sf libnccl.so.2 third_party/nccl/lib/libnccl.so
+  echo "$NCCL_VERSION" > third_party/nccl/VERSION
   rm -rf "$tmp"
 fi
 

@@ -5,16 +5,27 @@
 //   fork / join         the gemm stream waits for what the rank's stream had so far (fork); the
 //                       rank's stream waits for the GEMM (join), so a call ends on the rank's stream
 //   cuBLAS handle       on the rank's stream, for the unfused baseline
+//   NCCL communicator   for the unfused baseline's collective, where baseline_comm(world) is kNccl
+//                       (peer: ncclCommInitAll over the world's GPUs; ipc: ncclCommInitRank with
+//                       rank 0's unique id broadcast through MPI); collectives on the rank's stream
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
+#if defined(TILELINK_HAS_MPI)
+#include <mpi.h>
+#endif
+
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/core/partition.hpp"
+#include "tilelink/ops/baseline_cuda.hpp"
 #include "tilelink/runtime/world.hpp"
 #include "tilelink/tune/path_model.hpp"
 
@@ -26,6 +37,13 @@ inline void check_cublas(cublasStatus_t s, const char* what, const char* file, i
                                                     std::to_string(static_cast<int>(s)));
 }
 #define TL_CUBLAS_CHECK(call) ::tilelink::cuda::detail::check_cublas((call), #call, __FILE__, __LINE__)
+
+inline void check_nccl(ncclResult_t s, const char* what, const char* file, int line) {
+  if (s != ncclSuccess)
+    ::tilelink::detail::throw_error(file, line, std::string(what) + ": NCCL " + ncclGetErrorString(s) +
+                                                    " (" + ncclGetLastError(nullptr) + ")");
+}
+#define TL_NCCL_CHECK(call) ::tilelink::cuda::detail::check_nccl((call), #call, __FILE__, __LINE__)
 
 // The baseline's GEMM: C[m, n] (row-major) = A[m, k] B[n, k]^T in bf16 with fp32 accumulation, i.e.
 // C^T = B A^T in cuBLAS's column-major terms. Dense rows (ld = k, k, n).
@@ -63,9 +81,14 @@ class RankLanes {
       TL_CUBLAS_CHECK(cublasCreate(&cublas_[r]));
       TL_CUBLAS_CHECK(cublasSetStream(cublas_[r], world.stream(r)));
     }
+    baseline_ = baseline_comm(world);
+    if (baseline_ == BaselineComm::kNccl) init_nccl();
   }
   ~RankLanes() {
     // NOTE: no checks: destructors must not throw, and after a device fault every call fails.
+    // ncclCommDestroy is local (no peer needs to take part), also for comms of one process.
+    for (ncclComm_t comm : nccl_)
+      if (comm) ncclCommDestroy(comm);
     for (int r : world_.local_ranks()) {
       world_.bind(r);
       if (cublas_[r]) cublasDestroy(cublas_[r]);
@@ -86,11 +109,128 @@ class RankLanes {
   void join_record(int r) { TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_[r])); }
   void join_wait(int r) { TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r])); }
 
+  // ---- the NCCL baseline ----------------------------------------------------------------------
+  bool nccl() const { return baseline_ == BaselineComm::kNccl; }
+
+  // Whether an NCCL baseline call must begin with the op's stream barrier. NCCL orders the buffers
+  // its collectives touch, but an earlier call of the fused op (or of a part) may still be reading
+  // this rank's symmetric buffers from a peer (pull). `mark`: 0 before the op's first call, else the
+  // first epoch of the call begun last (eager calls). A barrier unless no call began since the last
+  // baseline call (nccl_done) or none ever did; always in graph mode (replays are invisible here).
+  // NOTE: every rank's process makes the same calls in the same order, so all decide alike.
+  // NOTE: GemmRs::run_reduce_only begins no call: it must not come between two baseline calls.
+  bool nccl_entry_barrier(bool graph_mode, uint64_t mark) const {
+    if (graph_mode) return true;
+    return mark != 0 && mark != nccl_mark_;
+  }
+  void nccl_done(uint64_t mark) { nccl_mark_ = mark; }
+
+  // AllGather of row segments, bf16: send[r] holds rank r's rows (rows.size(r) x row_elems),
+  // gathered[r] receives all rows.total() rows in rank order. Vectors are indexed by rank; entries
+  // of local ranks are read. Even segments: ncclAllGather; ragged: one ncclBroadcast per non-empty
+  // segment, grouped. On each rank's stream.
+  void nccl_all_gather_rows(const RowPartition& rows, int64_t row_elems,
+                            const std::vector<const void*>& send, const std::vector<void*>& gathered) {
+    require_nccl("AllGather");
+    const size_t eb = sizeof(uint16_t);  // bf16
+    TL_NCCL_CHECK(ncclGroupStart());
+    for (int r : world_.local_ranks()) {
+      if (even(rows)) {
+        TL_NCCL_CHECK(ncclAllGather(send[r], gathered[r], static_cast<size_t>(rows.size(0) * row_elems),
+                                    ncclBfloat16, nccl_[r], world_.stream(r)));
+        continue;
+      }
+      for (int root = 0; root < rows.world_size; ++root) {
+        if (rows.size(root) == 0) continue;
+        char* dst = static_cast<char*>(gathered[r]) + rows.begin(root) * row_elems * eb;
+        TL_NCCL_CHECK(ncclBroadcast(r == root ? send[r] : dst, dst,
+                                    static_cast<size_t>(rows.size(root) * row_elems), ncclBfloat16, root,
+                                    nccl_[r], world_.stream(r)));
+      }
+    }
+    TL_NCCL_CHECK(ncclGroupEnd());
+  }
+
+  // ReduceScatter (sum, bf16) of row segments: partial[r] holds rank r's rows.total() x row_elems
+  // partial, out[r] receives the sum of rows [rows.begin(r), rows.end(r)) over every rank. Even
+  // segments: ncclReduceScatter; ragged: one ncclReduce per non-empty segment (root = its owner),
+  // grouped. On each rank's stream.
+  void nccl_reduce_scatter_rows(const RowPartition& rows, int64_t row_elems,
+                                const std::vector<const void*>& partial, const std::vector<void*>& out) {
+    require_nccl("ReduceScatter");
+    const size_t eb = sizeof(uint16_t);  // bf16
+    TL_NCCL_CHECK(ncclGroupStart());
+    for (int r : world_.local_ranks()) {
+      if (even(rows)) {
+        TL_NCCL_CHECK(ncclReduceScatter(partial[r], out[r], static_cast<size_t>(rows.size(0) * row_elems),
+                                        ncclBfloat16, ncclSum, nccl_[r], world_.stream(r)));
+        continue;
+      }
+      for (int root = 0; root < rows.world_size; ++root) {
+        if (rows.size(root) == 0) continue;
+        const char* src = static_cast<const char*>(partial[r]) + rows.begin(root) * row_elems * eb;
+        // NOTE: recvbuff is read on the root only.
+        TL_NCCL_CHECK(ncclReduce(src, r == root ? out[r] : nullptr,
+                                 static_cast<size_t>(rows.size(root) * row_elems), ncclBfloat16, ncclSum,
+                                 root, nccl_[r], world_.stream(r)));
+      }
+    }
+    TL_NCCL_CHECK(ncclGroupEnd());
+  }
+
  private:
+  static bool even(const RowPartition& rows) {
+    for (int r = 1; r < rows.world_size; ++r)
+      if (rows.size(r) != rows.size(0)) return false;
+    return true;
+  }
+  void require_nccl(const char* what) const {
+    TL_REQUIRE(nccl(), "the NCCL " << what << " of the baseline needs the peer or ipc transport with "
+                                      "one GPU per rank; this world has "
+                                   << transport_name(world_.transport()));
+  }
+
+  void init_nccl() {
+    const int W = world_.size();
+    nccl_.assign(W, nullptr);
+    if (world_.transport() == Transport::kPeer) {  // one process, every rank's GPU: one call
+      std::vector<int> devices(W);
+      for (int r = 0; r < W; ++r) devices[r] = world_.device(r);
+      TL_NCCL_CHECK(ncclCommInitAll(nccl_.data(), W, devices.data()));
+      return;
+    }
+#if defined(TILELINK_HAS_MPI)
+    // ipc: rank 0's unique id, broadcast with its status so that a failure there fails every rank
+    // (instead of leaving them in the broadcast or the init).
+    const int me = world_.local_ranks().front();
+    struct {
+      int ok;
+      ncclUniqueId id;
+    } root{};
+    std::string why;
+    if (me == 0) {
+      const ncclResult_t s = ncclGetUniqueId(&root.id);
+      root.ok = s == ncclSuccess;
+      if (!root.ok) why = ncclGetErrorString(s);
+    }
+    TL_REQUIRE(MPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, MPI_COMM_WORLD) == MPI_SUCCESS,
+               "NCCL baseline: MPI_Bcast of the NCCL unique id failed");
+    TL_REQUIRE(root.ok, "NCCL baseline: ncclGetUniqueId failed on rank 0" << (why.empty() ? "" : ": ") << why);
+    world_.bind(me);
+    TL_NCCL_CHECK(ncclCommInitRank(&nccl_[me], W, root.id, me));
+#else
+    TL_REQUIRE(false, "NCCL baseline: the " << transport_name(world_.transport())
+                                            << " transport needs MPI; this build has none");
+#endif
+  }
+
   World& world_;
   std::vector<cudaStream_t> gemm_;
   std::vector<cudaEvent_t> fork_, join_;
   std::vector<cublasHandle_t> cublas_;
+  BaselineComm baseline_ = BaselineComm::kOwn;
+  std::vector<ncclComm_t> nccl_;  // per rank; null where not local (or no NCCL)
+  uint64_t nccl_mark_ = 0;  // the op's epoch mark after the last NCCL baseline call
 };
 
 }  // namespace tilelink::cuda::detail

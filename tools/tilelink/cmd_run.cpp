@@ -17,10 +17,11 @@ namespace tilelink::cli {
 
 int cuda_device_count();  // cuda_probe.cu (0 without CUDA)
 #if defined(TILELINK_HAS_CUDA)
-int run_ag_gemm_cuda(const OpProblem& p, const std::string& transport, bool bench, int warmup,
-                     int iters);  // cmd_ag_gemm_cuda.cu
-int run_gemm_rs_cuda(const OpProblem& p, const std::string& transport, bool bench, int warmup,
-                     int iters);
+// cmd_ops_cuda.cu: the shapes in one world, checked (and timed when bench).
+int run_ag_gemm_cuda(const std::vector<OpProblem>& ps, const std::string& transport, bool bench,
+                     int warmup, int iters);
+int run_gemm_rs_cuda(const std::vector<OpProblem>& ps, const std::string& transport, bool bench,
+                     int warmup, int iters);
 #endif
 
 namespace {
@@ -30,7 +31,7 @@ const char* kRunUsage =
     "[--variant pull|push] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
     "[--tolerance E] [--transport auto|virtual|peer|ipc] [--comm-sms K] [--path auto|fused|unfused] "
-    "(the last three: cuda)";
+    "[--baseline-only (check the unfused baseline alone)] (the last four: cuda)";
 
 struct RankData {
   std::vector<std::byte> a, b, c_fused, c_unfused;
@@ -178,12 +179,12 @@ int run_op(Args& args, const std::string& op) {
                                                   "--backend cpu");
 #if defined(TILELINK_HAS_CUDA)
   if (p.backend == "cuda")
-    return op == "ag_gemm" ? run_ag_gemm_cuda(p, transport, false, 0, 0)
-                           : run_gemm_rs_cuda(p, transport, false, 0, 0);
+    return op == "ag_gemm" ? run_ag_gemm_cuda({p}, transport, false, 0, 0)
+                           : run_gemm_rs_cuda({p}, transport, false, 0, 0);
 #endif
   TL_REQUIRE(transport == "auto", "--transport applies to the CUDA backend only");
-  TL_REQUIRE(p.path == OpPath::kAuto && p.comm_sms == 0,
-             "--path and --comm-sms apply to the CUDA backend only");
+  TL_REQUIRE(p.path == OpPath::kAuto && p.comm_sms == 0 && !p.baseline_only,
+             "--path, --comm-sms and --baseline-only apply to the CUDA backend only");
   std::printf("%s\n", describe(p).c_str());
   return run_cpu(p);
 }
@@ -194,9 +195,10 @@ int run_gemm_rs(Args& args) { return run_op(args, "gemm_rs"); }
 }  // namespace
 
 TILELINK_REGISTER_COMMAND("run ag_gemm", kRunUsage,
-                          "fused AllGather+GEMM: C_r = AllGather(A) * B_r^T, checked", &run_ag_gemm);
+                          "fused AllGather+GEMM: C_r = AllGather(A) * B_r^T, checked", &run_ag_gemm,
+                          {"--baseline-only"});
 TILELINK_REGISTER_COMMAND("run gemm_rs", kRunUsage,
                           "fused GEMM+ReduceScatter: C_r = rows r of sum_i A_i * B_i^T, checked",
-                          &run_gemm_rs);
+                          &run_gemm_rs, {"--baseline-only"});
 
 }  // namespace tilelink::cli

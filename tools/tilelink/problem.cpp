@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "tilelink/core/error.hpp"
 
@@ -28,22 +29,14 @@ OpProblem parse_problem(Args& args, const std::string& op) {
              "--variant must be pull or push, got '" << variant << "'");
   p.mode = variant == "push" ? CommMode::kPush : CommMode::kPull;
 
+  set_shape(p, p.m, p.n, p.k);
   auto counts = args.get_int_list("--m-split", {});
-  if (counts.empty()) {
-    p.rows = RowPartition::even(p.m, p.world);
-  } else {
+  if (!counts.empty()) {
     TL_REQUIRE(static_cast<int>(counts.size()) == p.world,
                "--m-split has " << counts.size() << " counts for --world " << p.world);
     p.rows = RowPartition::from_counts(counts);
     TL_REQUIRE(p.rows.total() == p.m, "--m-split adds up to " << p.rows.total() << ", -m is " << p.m);
   }
-  int64_t split_total = op == "ag_gemm" ? p.n : p.k;
-  RowPartition cols = RowPartition::even(split_total, p.world);
-  for (int r = 0; r < p.world; ++r) p.split.push_back(cols.size(r));
-  for (int r = 0; r < p.world; ++r)
-    TL_REQUIRE(p.split[r] >= 1, (op == "ag_gemm" ? "-n" : "-k")
-                                    << " = " << split_total << " leaves rank " << r
-                                    << " with nothing; it must be >= --world");
 
   p.comm_tile = static_cast<int>(args.get_int("--comm-tile", 64));
   p.tile_m = static_cast<int>(args.get_int("--tile-m", 128));
@@ -54,6 +47,7 @@ OpProblem parse_problem(Args& args, const std::string& op) {
   TL_REQUIRE(p.comm_sms >= 0, "--comm-sms must be >= 0");
   std::string path = args.get("--path", "auto");
   TL_REQUIRE(parse_op_path(path, &p.path), "--path must be auto, fused or unfused, got '" << path << "'");
+  p.baseline_only = args.flag("--baseline-only");
   p.iters = static_cast<int>(args.get_int("--iters", 5));
   TL_REQUIRE(p.iters >= 1, "--iters must be >= 1");
   p.seed = static_cast<uint64_t>(args.get_int("--seed", 1));
@@ -61,6 +55,50 @@ OpProblem parse_problem(Args& args, const std::string& op) {
   TL_REQUIRE(p.timeout_ms >= 1, "--timeout-ms must be >= 1");
   p.tolerance = args.get_double("--tolerance", p.dtype == DType::kF32 ? 1e-5 : 1e-2);
   return p;
+}
+
+void set_shape(OpProblem& p, int64_t m, int64_t n, int64_t k) {
+  TL_REQUIRE(m >= 1 && n >= 1 && k >= 1, "M, N and K must be >= 1, got " << m << ", " << n << ", " << k);
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.rows = RowPartition::even(p.m, p.world);
+  const int64_t split_total = p.op == "ag_gemm" ? p.n : p.k;
+  const RowPartition cols = RowPartition::even(split_total, p.world);
+  p.split.clear();
+  for (int r = 0; r < p.world; ++r) p.split.push_back(cols.size(r));
+  for (int r = 0; r < p.world; ++r)
+    TL_REQUIRE(p.split[r] >= 1, (p.op == "ag_gemm" ? "N" : "K")
+                                    << " = " << split_total << " leaves rank " << r
+                                    << " with nothing; it must be >= --world");
+}
+
+std::vector<OpProblem> expand_shapes(const OpProblem& base, const std::string& shapes) {
+  if (shapes.empty()) return {base};
+  std::vector<OpProblem> out;
+  std::stringstream ss(shapes);
+  for (std::string item; std::getline(ss, item, ',');) {
+    int64_t v[3] = {0, 0, 0};
+    size_t pos = 0;
+    for (int i = 0; i < 3; ++i) {
+      const size_t end = i < 2 ? item.find('x', pos) : item.size();
+      TL_REQUIRE(end != std::string::npos && end > pos,
+                 "--shapes expects MxNxK[,MxNxK...], got '" << item << "'");
+      try {
+        size_t used = 0;
+        v[i] = std::stoll(item.substr(pos, end - pos), &used);
+        TL_REQUIRE(used == end - pos, "");
+      } catch (...) {
+        TL_REQUIRE(false, "--shapes expects MxNxK[,MxNxK...], got '" << item << "'");
+      }
+      pos = end + 1;
+    }
+    OpProblem p = base;
+    set_shape(p, v[0], v[1], v[2]);
+    out.push_back(p);
+  }
+  TL_REQUIRE(!out.empty(), "--shapes is empty");
+  return out;
 }
 
 std::string describe(const OpProblem& p) {
@@ -77,9 +115,33 @@ std::string describe(const OpProblem& p) {
 }
 
 std::vector<std::byte> random_matrix(int64_t rows, int64_t cols, DType dtype, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  std::vector<std::byte> out(static_cast<size_t>(rows * cols * dtype_size(dtype)));
-  for (int64_t i = 0; i < rows * cols; ++i) store_from_float(out.data(), dtype, i, dist(rng));
+  // Counter-based: value i is a hash of (seed, i), so the matrix is the same whatever the number of
+  // threads filling it (large inputs of the GPU benches take seconds on one thread).
+  const uint64_t seed = rng();
+  const int64_t count = rows * cols;
+  std::vector<std::byte> out(static_cast<size_t>(count * dtype_size(dtype)));
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;  // splitmix64
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+      store_from_float(out.data(), dtype, i, 2.f * u - 1.f);
+    }
+  };
+  const int64_t kPerThread = int64_t{1} << 22;
+  const int threads = static_cast<int>(std::min<int64_t>(
+      std::max(1u, std::thread::hardware_concurrency()), (count + kPerThread - 1) / kPerThread));
+  if (threads <= 1) {
+    fill(0, count);
+    return out;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = (count + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back(fill, std::min(count, t * chunk), std::min(count, (t + 1) * chunk));
+  for (auto& th : pool) th.join();
   return out;
 }
 

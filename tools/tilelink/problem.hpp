@@ -28,6 +28,7 @@ struct OpProblem {
   int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
   int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)
   OpPath path = OpPath::kAuto;  // CUDA: fused, unfused, or the cost model's choice
+  bool baseline_only = false;   // CUDA: check (and time) the unfused baseline alone
   int iters = 5;
   uint64_t seed = 1;
   int64_t timeout_ms = 20000;
@@ -37,8 +38,13 @@ struct OpProblem {
 // Reads the options shared by `run` and `bench`; refuses bad values with tilelink::Error.
 OpProblem parse_problem(Args& args, const std::string& op);
 std::string describe(const OpProblem& p);
+// Sets M, N, K and the even splits (M over ranks; N for ag_gemm, K for gemm_rs) of p.world ranks.
+void set_shape(OpProblem& p, int64_t m, int64_t n, int64_t k);
+// `--shapes MxNxK[,MxNxK...]`: one problem per shape, like `base` but for its M, N, K (even M
+// split). Empty: {base}.
+std::vector<OpProblem> expand_shapes(const OpProblem& base, const std::string& shapes);
 
-// Uniform [-1, 1) values stored in `dtype`.
+// Uniform [-1, 1) values stored in `dtype`, from one draw of `rng` (filled by several threads).
 std::vector<std::byte> random_matrix(int64_t rows, int64_t cols, DType dtype, std::mt19937_64& rng);
 
 // Median of a sample.
