@@ -4,6 +4,8 @@
 
 #include <cublas_v2.h>
 
+#include "call_epochs.hpp"
+#include "engine_prep.cuh"
 #include "rank_lanes.hpp"
 
 #include <cuda/atomic>
@@ -30,7 +32,7 @@ struct AgGemmWaitHooks {
   Field<Signal> tile_ready;
   SegmentTiling comm;
   int tiles_n = 0;
-  uint64_t epoch = 0;
+  Epoch call;  // read per tile: a graph replay's epoch is on the device
 
   // NOTE: no function calls in here (not even a noinline error path with printf): a kernel that
   // calls any function gets its wgmma serialised by ptxas (C7510), ~7% slower (bench/notes/gemm.md).
@@ -38,6 +40,7 @@ struct AgGemmWaitHooks {
   // World::sync) and traps without printing.
   __device__ void before_tile_loads(TileCoord tile, Rect region) {
     const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
+    const uint64_t epoch = call.value();
     unsigned lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
     // System scope: the copy engine's stream write-values and a peer GPU's stores both count.
@@ -72,7 +75,7 @@ struct AgGemmWaitHooks {
 }  // namespace
 
 // Unverified path (see the NOTE in the constructor); flip to debug it on a GPU.
-constexpr bool kAllowSmComm = false;
+constexpr bool kAllowSmComm = true;
 
 AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t>& n_per_rank,
                int64_t k, DType dtype, const AgGemmConfig& config)
@@ -114,6 +117,14 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
   ws_ = world.allocate(plans_[0].ws.num_bytes);
 
   lanes_ = std::make_unique<detail::RankLanes>(world);
+  epochs_ = std::make_unique<detail::CallEpochs>(world);
+  // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
+  detail::prepare_engine<AgGemmWaitHooks>(world, [&](int r) {
+    return AgGemmWaitHooks{world.device_context(r), ws_.view(r), plans_[r].ws.tile_ready, plans_[r].comm,
+                           plans_[r].gemm.tiles_n(), Epoch{0}};  // epoch 0: every wait passes
+  });
+  detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
+  prepare_comm_kernels(world);
 }
 
 AgGemm::~AgGemm() = default;
@@ -126,7 +137,9 @@ int AgGemm::gemm_sms(int rank) const {
   const int total = world_.sm_count(rank);
   const AgGemmConfig& cfg = plans_[rank].config;
   if (cfg.compute_workers > 0) return cfg.compute_workers;
+  if (world_.size() == 1) return total;  // no comm program
   if (cfg.comm_workers > 0) return total - cfg.comm_workers;  // the comm kernel's SMs
+  if (local_before_gemm()) return total;  // separate GPUs: peer copies leave the SMs alone
   return total > kCopySpareSms ? total - kCopySpareSms : total;
 }
 
@@ -146,50 +159,64 @@ void AgGemm::check_args(const std::vector<const void*>& a, const std::vector<con
   }
 }
 
-void AgGemm::enqueue_comm(int r, const void* a, uint64_t epoch) {
+void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   const AgGemmPlan& p = plans_[r];
-  if (p.config.comm_workers > 0) {  // SM-driven: the comm kernel on the rank's stream
-    launch_ag_comm(world_, p, ws_.view(r), a, epoch, CommLaunch{CopyMethod::kBulk, p.config.comm_workers});
+  if (p.config.comm_workers > 0) {  // SM-driven: the whole comm kernel on the rank's stream
+    if (part != CommPart::kRemote)
+      launch_ag_comm(world_, p, ws_.view(r), a, epochs_->epoch(r, 1),
+                     CommLaunch{CopyMethod::kBulk, p.config.comm_workers});
     return;
   }
-  StreamContext sc{&world_, r, world_.stream(r), "ag_gemm"};
+  StreamContext sc{&world_, r, world_.stream(r), "ag_gemm", epochs_->counter(r)};
+  const uint64_t epoch = epochs_->value(r, 1);
   SymmetricView heap = ws_.view(r);
   const int64_t rb = p.row_bytes();
   auto rows_copy = [&](const void* src, int64_t src_row0, void* dst, RowRange rows) {
     return Copy2D{static_cast<const char*>(src) + (rows.begin - src_row0) * rb, rb,
                   static_cast<char*>(dst) + rows.begin * rb, rb, rows.size(), rb};
   };
-  // Entry barrier: every peer has finished its previous call (its comm stream waited for it).
-  rank_barrier(sc, heap, p.ws.barrier, epoch);
   const int64_t seg0 = p.comm.parts.begin(r);
-  if (p.config.mode == CommMode::kPull) {
+  const RowRange own{seg0, p.comm.parts.end(r)};
+  const bool pull = p.config.mode == CommMode::kPull;
+  if (part != CommPart::kRemote) {
+    // Entry barrier: every peer has finished its previous call (its comm stream waited for it).
+    rank_barrier(sc, heap, p.ws.barrier, epoch);
+    // The own segment, each own tile announced after it lands (pull: to this rank's GEMM and to the
+    // peers that pull it; push: to this rank's GEMM). Before the GEMM (kLocal): one copy; beside it
+    // (kAll): tile by tile, so the GEMM's first tiles start early.
+    if (part == CommPart::kLocal) rank_copy_data(sc, r, rows_copy(a, seg0, heap.local(p.ws.gathered), own));
+    for (int t = p.comm.first[r]; t < p.comm.first[r + 1]; ++t) {
+      if (part == CommPart::kAll) rank_copy_data(sc, r, rows_copy(a, seg0, heap.local(p.ws.gathered), p.comm.rows_of(t)));
+      if (pull) producer_tile_notify(sc, heap, p.ws.tile_ready, t, epoch);
+      else peer_tile_notify(sc, heap, r, p.ws.tile_ready, t, epoch);
+    }
+  }
+  if (part == CommPart::kLocal) return;
+  if (pull) {
     for (int i = 0; i < p.comm.num_tiles(); ++i) {
       const int t = p.pull_tile_at(i);
       const int owner = p.comm.rank_of(t);
-      const RowRange rows = p.comm.rows_of(t);
-      if (owner == r) {
-        rank_copy_data(sc, r, rows_copy(a, seg0, heap.local(p.ws.gathered), rows));
-      } else {
-        peer_tile_wait(sc, heap, owner, p.ws.tile_ready, t, epoch, WaitSite{"tile_ready", t});
-        rank_copy_data(sc, owner, rows_copy(heap.peer(owner, p.ws.gathered), 0,
-                                            heap.local(p.ws.gathered), rows));
-      }
+      if (owner == r) continue;
+      peer_tile_wait(sc, heap, owner, p.ws.tile_ready, t, epoch, WaitSite{"tile_ready", t});
+      rank_copy_data(sc, owner, rows_copy(heap.peer(owner, p.ws.gathered), 0, heap.local(p.ws.gathered),
+                                          p.comm.rows_of(t)));
       producer_tile_notify(sc, heap, p.ws.tile_ready, t, epoch);
     }
   } else {
     for (int i = 0; i < p.push_count(); ++i) {
       int peer = 0, t = 0;
       p.push_at(i, &peer, &t);
+      if (peer == r) continue;
       rank_copy_data(sc, peer, rows_copy(a, seg0, heap.peer(peer, p.ws.gathered), p.comm.rows_of(t)));
       peer_tile_notify(sc, heap, peer, p.ws.tile_ready, t, epoch);
     }
   }
 }
 
-void AgGemm::enqueue_gemm(int r, const void* b, void* c, uint64_t epoch) {
+void AgGemm::enqueue_gemm(int r, const void* a, const void* b, void* c, bool hooks) {
   const AgGemmPlan& p = plans_[r];
   compute::sm90::GemmArgs args;
-  args.a = ws_.view(r).local(p.ws.gathered);
+  args.a = a;
   args.b = b;
   args.c = c;
   args.m = p.m();
@@ -200,48 +227,91 @@ void AgGemm::enqueue_gemm(int r, const void* b, void* c, uint64_t epoch) {
   args.num_sms = gemm_sms(r);
   args.start_m = p.compute_order.start_m;
   args.group_m = p.compute_order.group_m;
-  AgGemmWaitHooks hooks{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
-                        p.gemm.tiles_n(), epoch};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, lanes_->gemm_stream(r));
+  if (!hooks) {
+    compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, compute::sm90::NoHooks{},
+                                                                   lanes_->gemm_stream(r));
+    return;
+  }
+  AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
+                       p.gemm.tiles_n(), epochs_->epoch(r, 1)};
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, wait, lanes_->gemm_stream(r));
 }
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
                  const std::vector<void*>& c) {
   check_args(a, b, c);
-  const uint64_t epoch = ++epoch_;
+  if (world_.size() == 1) {  // nothing to gather: the engine alone, on A itself
+    const int r = world_.local_ranks().front();
+    world_.bind(r);
+    lanes_->fork(r);
+    enqueue_gemm(r, a[r], b[r], c[r], false);
+    lanes_->join_record(r);
+    lanes_->join_wait(r);
+    return;
+  }
+  epochs_->begin(1);
   // The comm program runs on the rank's stream s, the GEMM on its own stream g of the same rank.
-  // NOTE: every rank's GEMM is launched before any comm program is enqueued. A launch that fails
-  // then leaves nothing behind but GEMMs whose waits time out (bounded); enqueued the other way, it
-  // left peers' stream waits blocked for good, and the next device synchronisation hung.
+  // Virtual ranks: every rank's GEMM is launched before any comm program is enqueued (NOTE: a launch
+  // that fails then leaves nothing behind but GEMMs whose waits time out, bounded; enqueued the
+  // other way, it left peers' stream waits blocked for good, and the next synchronisation hung).
+  // Separate GPUs: the copy engine is SM-free for peer copies but a same-GPU copy runs on SMs, so the
+  // own segment is copied before the GEMM starts (it then holds every SM) and only the peers' tiles
+  // overlap with it.
+  if (plans_[world_.local_ranks().front()].config.comm_workers > 0) {
+    // SM-driven comm: its kernel is launched before the GEMM, so its blocks hold their SMs before
+    // the persistent GEMM fills the rest (NOTE: launched after it, they could find no free SM while
+    // the GEMM spun on the tiles they were to bring; the waits timed out on the H200). Its waits are
+    // device waits (bounded), so a failed GEMM launch after it strands nothing for good.
+    for (int r : world_.local_ranks()) {
+      world_.bind(r);
+      lanes_->fork(r);
+      enqueue_comm(r, a[r], CommPart::kAll);
+      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], true);
+      lanes_->join_record(r);
+    }
+    for (int r : world_.local_ranks()) {
+      world_.bind(r);
+      lanes_->join_wait(r);
+    }
+    return;
+  }
+  const bool local_first = local_before_gemm();
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    lanes_->fork(r);  // the previous call is done with `gathered`
-    enqueue_gemm(r, b[r], c[r], epoch);
+    if (local_first) enqueue_comm(r, a[r], CommPart::kLocal);
+    lanes_->fork(r);  // the previous call is done with `gathered`; the epoch has advanced
+    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], true);
     lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    enqueue_comm(r, a[r], epoch);
+    enqueue_comm(r, a[r], local_first ? CommPart::kRemote : CommPart::kAll);
     lanes_->join_wait(r);  // the call ends with both
   }
 }
 
+bool AgGemm::local_before_gemm() const {
+  return world_.transport() != Transport::kVirtual && plans_[world_.local_ranks().front()].config.comm_workers == 0;
+}
+
 void AgGemm::run_comm_only(const std::vector<const void*>& a) {
-  const uint64_t epoch = ++epoch_;
+  TL_REQUIRE(!epochs_->graph_mode(), "ag_gemm: run_comm_only is for eager benches, not after a capture");
+  epochs_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    enqueue_comm(r, a[r], epoch);
+    enqueue_comm(r, a[r], CommPart::kAll);
   }
 }
 
 void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c) {
   // NOTE: the current epoch's signals are all set by the last comm run: the hooks' waits pass at
   // once, so this times the engine with its hooks on.
-  TL_REQUIRE(epoch_ > 0, "ag_gemm: run_gemm_only needs a comm run first");
+  TL_REQUIRE(!epochs_->graph_mode(), "ag_gemm: run_gemm_only is for eager benches, not after a capture");
+  TL_REQUIRE(epochs_->started(), "ag_gemm: run_gemm_only needs a comm run first");
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     lanes_->fork(r);
-    enqueue_gemm(r, b[r], c[r], epoch_);
+    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], world_.size() > 1);
     lanes_->join_record(r);
     lanes_->join_wait(r);
   }
@@ -250,14 +320,37 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<
 void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
                          const std::vector<void*>& c) {
   check_args(a, b, c);
-  const uint64_t e1 = ++epoch_, e2 = ++epoch_;
+  if (lanes_->nccl()) {  // cuBLAS+NCCL (peer, ipc): NCCL's AllGather into every gathered A, cuBLAS
+    const int r0 = world_.local_ranks().front();
+    auto mark = [&] { return epochs_->started() && !epochs_->graph_mode() ? epochs_->value(r0, 1) : 0; };
+    if (lanes_->nccl_entry_barrier(epochs_->graph_mode(), mark())) {  // peers may still pull from us
+      epochs_->begin(1);
+      for (int r : world_.local_ranks()) {
+        world_.bind(r);
+        StreamContext sc{&world_, r, world_.stream(r), "ag_gemm(unfused)", epochs_->counter(r)};
+        rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
+      }
+    }
+    std::vector<void*> gathered(world_.size(), nullptr);
+    for (int r : world_.local_ranks()) gathered[r] = ws_.view(r).local(plans_[r].ws.gathered);
+    lanes_->nccl_all_gather_rows(plans_[r0].comm.parts, plans_[r0].k, a, gathered);
+    for (int r : world_.local_ranks()) {  // C_r [M, N_r] = gathered A [M, K] * B_r^T
+      world_.bind(r);
+      const AgGemmPlan& p = plans_[r];
+      detail::cublas_gemm_bf16_tn(lanes_->cublas(r), gathered[r], b[r], c[r], p.m(), p.n, p.k);
+    }
+    lanes_->nccl_done(mark());
+    return;
+  }
+  epochs_->begin(2);
   // AllGather on the copy engine, every rank: barrier, own segment into every rank, barrier.
   // NOTE: all of it is enqueued before any cuBLAS call, so a failing call cannot strand a peer's
   // stream wait.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     const AgGemmPlan& p = plans_[r];
-    StreamContext sc{&world_, r, world_.stream(r), "ag_gemm(unfused)"};
+    StreamContext sc{&world_, r, world_.stream(r), "ag_gemm(unfused)", epochs_->counter(r)};
+    const uint64_t e1 = epochs_->value(r, 1), e2 = epochs_->value(r, 2);
     SymmetricView heap = ws_.view(r);
     const int64_t rb = p.row_bytes();
     const RowRange own{p.comm.parts.begin(r), p.comm.parts.end(r)};

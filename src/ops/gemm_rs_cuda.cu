@@ -3,6 +3,8 @@
 
 #include <cublas_v2.h>
 
+#include "call_epochs.hpp"
+#include "engine_prep.cuh"
 #include "rank_lanes.hpp"
 
 #include <cuda/atomic>
@@ -24,17 +26,18 @@ struct GemmRsNotifyHooks {
   static constexpr bool kNotifies = true;
   Signal* tile_done = nullptr;  // this rank's
   int tiles_n = 0;
-  uint64_t epoch = 0;
+  Epoch call;  // read per tile: a graph replay's epoch is on the device
 
   __device__ void before_tile_loads(TileCoord, Rect) {}
   __device__ void after_tile_stored(TileCoord tile, Rect) {
     ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(tile_done[tile.m * tiles_n + tile.n]);
-    sig.store(epoch, ::cuda::memory_order_release);
+    sig.store(call.value(), ::cuda::memory_order_release);
   }
 };
 
 // The baseline's publication of a whole partial: every tile_done = epoch (release, system scope).
-__global__ void set_signals_kernel(Signal* signals, int count, uint64_t value) {
+__global__ void set_signals_kernel(Signal* signals, int count, Epoch epoch) {
+  const uint64_t value = epoch.value();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
     ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(signals[i]).store(value, ::cuda::memory_order_release);
 }
@@ -76,13 +79,21 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   ws_ = world.allocate(plans_[0].ws.num_bytes);
 
   lanes_ = std::make_unique<detail::RankLanes>(world);
+  epochs_ = std::make_unique<detail::CallEpochs>(world);
+  // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
+  detail::prepare_engine<GemmRsNotifyHooks>(world, [&](int r) {  // tile_done[0] = 0: still zero
+    return GemmRsNotifyHooks{ws_.view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
+  });
+  detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
+  prepare_comm_kernels(world);
 }
 
 GemmRs::~GemmRs() = default;
 
 int GemmRs::gemm_sms(int rank) const {
   const GemmRsConfig& cfg = plans_[rank].config;
-  return cfg.compute_workers > 0 ? cfg.compute_workers : world_.sm_count(rank) - cfg.comm_workers;
+  if (cfg.compute_workers > 0) return cfg.compute_workers;
+  return world_.size() == 1 ? world_.sm_count(rank) : world_.sm_count(rank) - cfg.comm_workers;
 }
 
 void GemmRs::check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -99,12 +110,12 @@ void GemmRs::check_args(const std::vector<const void*>& a, const std::vector<con
   }
 }
 
-void GemmRs::enqueue_gemm(int r, const void* a, const void* b, uint64_t epoch) {
+void GemmRs::enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks) {
   const GemmRsPlan& p = plans_[r];
   compute::sm90::GemmArgs args;
   args.a = a;
   args.b = b;
-  args.c = ws_.view(r).local(p.ws.partial);
+  args.c = out;
   args.m = p.m();
   args.n = p.n;
   args.k = p.k;
@@ -113,41 +124,57 @@ void GemmRs::enqueue_gemm(int r, const void* a, const void* b, uint64_t epoch) {
   args.num_sms = gemm_sms(r);
   args.start_m = p.compute_order.start_m;
   args.group_m = p.compute_order.group_m;
-  GemmRsNotifyHooks hooks{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epoch};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, lanes_->gemm_stream(r));
+  if (!hooks) {
+    compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, compute::sm90::NoHooks{},
+                                                                   lanes_->gemm_stream(r));
+    return;
+  }
+  GemmRsNotifyHooks notify{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epochs_->epoch(r, 1)};
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, notify, lanes_->gemm_stream(r));
 }
 
 void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
                  const std::vector<void*>& c) {
   check_args(a, b, c);
-  const uint64_t epoch = ++epoch_;
+  if (world_.size() == 1) {  // nothing to reduce: the engine alone, into C
+    const int r = world_.local_ranks().front();
+    world_.bind(r);
+    lanes_->fork(r);
+    enqueue_gemm(r, a[r], b[r], c[r], false);
+    lanes_->join_record(r);
+    lanes_->join_wait(r);
+    return;
+  }
+  epochs_->begin(1);
   // 1. Entry barrier on every rank's stream: the previous call's reduces are done everywhere.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs"};
-    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epoch);
+    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs", epochs_->counter(r)};
+    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
   }
   // 2. Every rank's GEMM (after its barrier), then 3. every rank's reduce: a failed launch leaves
   // only bounded device waits behind.
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     lanes_->fork(r);
-    enqueue_gemm(r, a[r], b[r], epoch);
+    enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), true);
     lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {
     const GemmRsPlan& p = plans_[r];
-    launch_rs_reduce(world_, p, ws_.view(r), c[r], epoch, CommLaunch{CopyMethod::kVector, p.config.comm_workers});
+    launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1),
+                     CommLaunch{CopyMethod::kVector, p.config.comm_workers});
     lanes_->join_wait(r);
   }
 }
 
 void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b) {
-  const uint64_t epoch = ++epoch_;
+  TL_REQUIRE(!epochs_->graph_mode(), "gemm_rs: run_gemm_only is for eager benches, not after a capture");
+  epochs_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     lanes_->fork(r);
-    enqueue_gemm(r, a[r], b[r], epoch);
+    enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), world_.size() > 1);
     lanes_->join_record(r);
     lanes_->join_wait(r);
   }
@@ -155,21 +182,47 @@ void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<
 
 void GemmRs::run_reduce_only(const std::vector<void*>& c) {
   // NOTE: reuses the current epoch, whose tile_done signals the last GEMM set everywhere.
-  TL_REQUIRE(epoch_ > 0, "gemm_rs: run_reduce_only needs a GEMM run first");
+  TL_REQUIRE(!epochs_->graph_mode(), "gemm_rs: run_reduce_only is for eager benches, not after a capture");
+  TL_REQUIRE(epochs_->started(), "gemm_rs: run_reduce_only needs a GEMM run first");
+  if (world_.size() == 1) return;  // a world-1 call has no reduce (run() is the engine alone)
   for (int r : world_.local_ranks()) {
     const GemmRsPlan& p = plans_[r];
-    launch_rs_reduce(world_, p, ws_.view(r), c[r], epoch_, CommLaunch{CopyMethod::kVector, p.config.comm_workers});
+    launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1),
+                     CommLaunch{CopyMethod::kVector, p.config.comm_workers});
   }
 }
 
 void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
                          const std::vector<void*>& c) {
   check_args(a, b, c);
-  const uint64_t e1 = ++epoch_, e2 = ++epoch_;
+  if (lanes_->nccl()) {  // cuBLAS+NCCL (peer, ipc): cuBLAS into the partial, NCCL's ReduceScatter
+    const int r0 = world_.local_ranks().front();
+    auto mark = [&] { return epochs_->started() && !epochs_->graph_mode() ? epochs_->value(r0, 1) : 0; };
+    if (lanes_->nccl_entry_barrier(epochs_->graph_mode(), mark())) {  // peers may still read partials
+      epochs_->begin(1);
+      for (int r : world_.local_ranks()) {
+        world_.bind(r);
+        StreamContext sc{&world_, r, world_.stream(r), "gemm_rs(unfused)", epochs_->counter(r)};
+        rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
+      }
+    }
+    std::vector<const void*> partial(world_.size(), nullptr);
+    for (int r : world_.local_ranks()) {  // P_r [M, N] = A_r B_r^T
+      world_.bind(r);
+      const GemmRsPlan& p = plans_[r];
+      partial[r] = ws_.view(r).local(p.ws.partial);
+      detail::cublas_gemm_bf16_tn(lanes_->cublas(r), a[r], b[r], const_cast<void*>(partial[r]), p.m(), p.n,
+                                  p.k);
+    }
+    lanes_->nccl_reduce_scatter_rows(plans_[r0].rows, plans_[r0].n, partial, c);
+    lanes_->nccl_done(mark());
+    return;
+  }
+  epochs_->begin(2);
   for (int r : world_.local_ranks()) {  // barrier: partial buffers are free
     world_.bind(r);
-    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs(unfused)"};
-    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, e1);
+    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs(unfused)", epochs_->counter(r)};
+    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
   }
   for (int r : world_.local_ranks()) {  // cuBLAS: P_r [M, N] = A_r B_r^T, then publish it whole
     world_.bind(r);
@@ -177,12 +230,13 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
     detail::cublas_gemm_bf16_tn(lanes_->cublas(r), a[r], b[r], ws_.view(r).local(p.ws.partial), p.m(),
                                 p.n, p.k);
     set_signals_kernel<<<ceil_div(p.gemm.num_tiles(), 256), 256, 0, world_.stream(r)>>>(
-        ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), e2);
+        ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), epochs_->epoch(r, 2));
     TL_CUDA_CHECK(cudaGetLastError());
   }
   for (int r : world_.local_ranks()) {  // the ReduceScatter, on all the rank's SMs
     const GemmRsPlan& p = plans_[r];
-    launch_rs_reduce(world_, p, ws_.view(r), c[r], e2, CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
+    launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 2),
+                     CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
   }
 }
 

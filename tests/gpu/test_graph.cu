@@ -144,11 +144,13 @@ struct AgFixture {
   }
 };
 
-void ag_graph_case(int W, std::vector<int64_t> split, bool unfused) {
-  SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused"));
+void ag_graph_case(int W, std::vector<int64_t> split, bool unfused, int comm_sms = 0) {
+  SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused") << " comm SMs " << comm_sms);
   tlc::World world = make_world(W);
   AgFixture f(world, split, 256, 256);
   AgGemmConfig cfg;
+  cfg.comm_workers = comm_sms;  // 0: the copy engine
+  cfg.compute_workers = 0;
   cfg.comm_tile_rows = 64;
   tlc::AgGemm op(world, f.rows, std::vector<int64_t>(W, f.n_r), f.k, DType::kBF16, cfg);
   auto call = [&] { unfused ? op.run_unfused(f.ca(), f.cb(), f.c) : op.run(f.ca(), f.cb(), f.c); };
@@ -179,6 +181,8 @@ TEST(GraphCuda, AgGemm10kCallsEagerThenGraph) {
   tlc::World world = make_world(2);
   AgFixture f(world, {200, 312}, 256, 128);
   AgGemmConfig cfg;
+  cfg.comm_workers = 0;
+  cfg.compute_workers = 0;
   cfg.comm_tile_rows = 128;
   tlc::AgGemm op(world, f.rows, std::vector<int64_t>(2, f.n_r), f.k, DType::kBF16, cfg);
   f.refresh(5, &op);
@@ -281,6 +285,7 @@ void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, b
   RsFixture f(world, split, 512, ks);
   GemmRsConfig cfg;
   cfg.comm_workers = 2;
+  cfg.compute_workers = 0;
   cfg.comm_tile_rows = 64;
   cfg.comm_tile_cols = 256;
   tlc::GemmRs op(world, f.rows, f.n, f.ks, DType::kBF16, cfg);
@@ -312,6 +317,7 @@ TEST(GraphCuda, GemmRs10kCallsEagerThenGraph) {
   RsFixture f(world, {256, 200}, 256, {128, 128});
   GemmRsConfig cfg;
   cfg.comm_workers = 2;
+  cfg.compute_workers = 0;
   cfg.comm_tile_rows = 128;
   cfg.comm_tile_cols = 256;
   tlc::GemmRs op(world, f.rows, f.n, f.ks, DType::kBF16, cfg);
@@ -335,5 +341,8 @@ TEST(GraphCuda, GemmRs10kCallsEagerThenGraph) {
   world.sync("gemm_rs (graph)");
   f.check("replay 10001 on fresh inputs");
 }
+
+// Last: the SM-driven comm kernel (launched before the engine) under capture.
+TEST(GraphCuda, AgGemmWorld4SmComm) { ag_graph_case(4, {100, 0, 300, 129}, false, 4); }
 
 }  // namespace

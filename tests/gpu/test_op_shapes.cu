@@ -87,7 +87,11 @@ void ag_shape(int W, const Shape& s) {
   tlc::World world = make_world(W);
   const RowPartition rows = RowPartition::even(s.m, W);
   const int64_t n_r = s.n / W;
-  tlc::AgGemm op(world, rows, std::vector<int64_t>(W, n_r), s.k, DType::kBF16, {});
+  AgGemmConfig cfg;  // the CLI's defaults: comm on the copy engine, the GEMM on the rest
+  cfg.comm_workers = 0;
+  cfg.compute_workers = 0;
+  cfg.comm_tile_rows = 512;
+  tlc::AgGemm op(world, rows, std::vector<int64_t>(W, n_r), s.k, DType::kBF16, cfg);
   std::vector<const void*> a(W), b(W);
   std::vector<void*> c(W), c_ref(W);
   for (int r = 0; r < W; ++r) {
@@ -128,7 +132,10 @@ void rs_shape(int W, const Shape& s) {
   tlc::World world = make_world(W);
   const RowPartition rows = RowPartition::even(s.m, W);
   const int64_t k_r = s.k / W;
-  GemmRsConfig cfg;
+  GemmRsConfig cfg;  // the CLI's defaults: the reduce on 8 SMs, the GEMM on the rest
+  cfg.comm_workers = 8;
+  cfg.compute_workers = 0;
+  cfg.comm_tile_rows = 128;
   tlc::GemmRs op(world, rows, s.n, std::vector<int64_t>(W, k_r), DType::kBF16, cfg);
   std::vector<const void*> a(W), b(W);
   std::vector<void*> c(W), c_ref(W);

@@ -14,6 +14,13 @@
 //   cuda::AgGemm op(world, RowPartition::even(M, 4), n_per_rank, K, DType::kBF16, {});
 //   op.run(a, b, c);            // a[r], b[r], c[r]: device pointers of every local rank
 //   world.sync("ag_gemm");
+//
+// CUDA graphs: run() and run_unfused() may be captured (begin a capture on world.stream(r) of
+// every local rank, cudaStreamCaptureModeRelaxed or ThreadLocal; call; end each capture) and the
+// graphs replayed any number of times, mixed with eager calls. The first captured call switches the
+// op to device-side epochs for good (src/ops/call_epochs.hpp): signals are never reset.
+// World 1: nothing to gather; the call is the engine on all SMs reading A directly (gathered() is
+// not written).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +36,7 @@ namespace tilelink::cuda {
 
 namespace detail {
 class RankLanes;
+class CallEpochs;
 }
 
 class AgGemm {
@@ -59,6 +67,7 @@ class AgGemm {
                 const std::vector<void*>& c, OpPath requested = OpPath::kAuto);
 
   // Parts, for the bench's ideal bound: the comm program alone / the GEMM alone (all signals set).
+  // Eager only (refused once the op has been captured).
   void run_comm_only(const std::vector<const void*>& a);
   void run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c);
 
@@ -71,14 +80,16 @@ class AgGemm {
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                   const std::vector<void*>& c) const;
-  void enqueue_comm(int r, const void* a, uint64_t epoch);
-  void enqueue_gemm(int r, const void* b, void* c, uint64_t epoch);
+  enum class CommPart : uint8_t { kAll, kLocal, kRemote };  // kLocal: barrier and own segment
+  void enqueue_comm(int r, const void* a, CommPart part);
+  bool local_before_gemm() const;
+  void enqueue_gemm(int r, const void* a, const void* b, void* c, bool hooks);
 
   World& world_;
   std::vector<AgGemmPlan> plans_;
   SymmetricBuffer ws_;
   std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
-  uint64_t epoch_ = 0;
+  std::unique_ptr<detail::CallEpochs> epochs_;
 };
 
 }  // namespace tilelink::cuda

@@ -13,6 +13,10 @@
 //
 // bf16 storage, fp32 accumulation; pull only (push would need the engine's epilogue to split a tile
 // between owners' staging slots; refused).
+//
+// CUDA graphs: run() and run_unfused() may be captured and replayed, mixed with eager calls, as for
+// AgGemm (ops/ag_gemm_cuda.hpp): device-side epochs from the first captured call on.
+// World 1: nothing to reduce; the call is the engine on all SMs writing C directly.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +32,7 @@ namespace tilelink::cuda {
 
 namespace detail {
 class RankLanes;
+class CallEpochs;
 }
 
 class GemmRs {
@@ -55,20 +60,20 @@ class GemmRs {
   void run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,
                 const std::vector<void*>& c, OpPath requested = OpPath::kAuto);
   // Parts, for the bench's ideal bound: the GEMM alone (with its notify hook), the reduce alone
-  // (every tile_done already set by the previous call).
+  // (every tile_done already set by the previous call). Eager only (refused once captured).
   void run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b);
   void run_reduce_only(const std::vector<void*>& c);
 
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                   const std::vector<void*>& c) const;
-  void enqueue_gemm(int r, const void* a, const void* b, uint64_t epoch);
+  void enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks);
 
   World& world_;
   std::vector<GemmRsPlan> plans_;
   SymmetricBuffer ws_;
   std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
-  uint64_t epoch_ = 0;
+  std::unique_ptr<detail::CallEpochs> epochs_;
 };
 
 }  // namespace tilelink::cuda
