@@ -7,12 +7,10 @@
 // Hooks overhead: paired per rep, hooks time over the mean of the rep's two plain-engine launches
 // (E and E'), median over reps. A/A: E' over E the same way: the noise floor of that comparison,
 // with half its interquartile spread. Columns that split the hooks' cost (bf16 -> bf16):
-//   hooks+%   SignalHooks: acquire of a per-tile signal already set (cold: the L2 was flushed),
-//             release store of a per-tile notify signal
-//   early+%   the same with kFirstWaitAtEntry (the first tile's wait overlaps the block's setup)
+//   hooks+%   SignalHooks: acquire of a per-tile signal already set, release store of a per-tile
+//             notify signal
 //   wait+%    waits only (no notify stores; the engine's consumer -> notify-warp handoff remains)
 //   notif+%   notifies only (no waits)
-//   warm+%    hooks, signals rewritten after the L2 flush (in L2, as a comm kernel leaves them)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -80,9 +78,7 @@ double median(std::vector<float> v) {
 // The hooks-on variants are instantiated for bf16 -> bf16 (the fused ops' type); other types time the
 // plain engine and cuBLAS only.
 using BenchHooks = sm90::SignalHooks<cuda::thread_scope_device>;
-using EarlyHooks = sm90::SignalHooks<cuda::thread_scope_device, true>;  // kFirstWaitAtEntry
-template <class H>
-void gemm_with_hooks(const sm90::GemmArgs& args, const H& hooks, cudaStream_t s) {
+void gemm_with_hooks(const sm90::GemmArgs& args, const BenchHooks& hooks, cudaStream_t s) {
   sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, s);
 }
 
@@ -106,7 +102,7 @@ int bench_gemm(Args& args) {
   DType in = DType::kBF16, out = DType::kBF16;
   TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &in), "bench gemm: bad --dtype");
   TL_REQUIRE(parse_dtype(args.get("--out-dtype", std::string(dtype_name(in))), &out), "bench gemm: bad --out-dtype");
-  const int reps = static_cast<int>(args.get_int("--reps", 100));
+  const int reps = static_cast<int>(args.get_int("--reps", 300));
   const int warmup = static_cast<int>(args.get_int("--warmup", 5));
   const int num_sms = static_cast<int>(args.get_int("--num-sms", 0));
   const int group_m = static_cast<int>(args.get_int("--group-m", 0));
@@ -144,20 +140,20 @@ int bench_gemm(Args& args) {
   CK(cudaEventCreate(&ev[1]));
 
   if (csv)
-    std::printf("m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,early_pct,"
-                "wait_only_pct,notify_only_pct,warm_pct,err_engine,err_hooks,err_early,err_cublas\n");
+    std::printf("m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
+                "wait_only_pct,notify_only_pct,err_engine,err_hooks,err_cublas\n");
   else
-    std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s %7s %7s | %8s %8s %8s %8s\n", "M", "N", "K",
-                "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "early+%", "wait+%", "notif+%",
-                "warm+%", "err_eng", "err_hook", "err_earl", "err_blas");
+    std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %8s %8s %8s\n", "M", "N", "K", "engine",
+                "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%", "notif+%", "err_eng", "err_hook",
+                "err_blas");
 
-  std::vector<double> ratios, overheads, early_overheads, aa_abs;
+  std::vector<double> ratios, overheads, aa_abs;
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
     void *a = nullptr, *b = nullptr, *c = nullptr, *c_blas = nullptr;
     float* refc = nullptr;
-    uint64_t *wait_sig = nullptr, *notify_sig = nullptr, *wait_sig_set = nullptr;
+    uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
     const TileGrid grid = sm90::gemm_tile_grid(m, n);
     CK(cudaMalloc(&a, m * k * dtype_size(in)));
     CK(cudaMalloc(&b, n * k * dtype_size(in)));
@@ -167,8 +163,6 @@ int bench_gemm(Args& args) {
     CK(cudaMalloc(&notify_sig, grid.num_tiles() * sizeof(uint64_t)));
     std::vector<uint64_t> ones(grid.num_tiles(), 1);
     CK(cudaMemcpy(wait_sig, ones.data(), ones.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&wait_sig_set, grid.num_tiles() * sizeof(uint64_t)));  // the set values, for warm+%
-    CK(cudaMemcpy(wait_sig_set, ones.data(), ones.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
     CK(cudaMemset(notify_sig, 0, grid.num_tiles() * sizeof(uint64_t)));
     ref::fill_uniform(a, in, m * k, seed ^ (m * 31 + n * 7 + k), 1.0f, stream);
     ref::fill_uniform(b, in, n * k, ~seed ^ (m * 13 + n * 5 + k), 1.0f, stream);
@@ -178,15 +172,12 @@ int bench_gemm(Args& args) {
     ga.in_type = in, ga.out_type = out, ga.num_sms = num_sms, ga.group_m = group_m;
     BenchHooks hooks;
     hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = grid.tiles_n(), hooks.epoch = 1;
-    EarlyHooks early;
-    early.wait_signals = wait_sig, early.notify_signals = notify_sig, early.tiles_n = grid.tiles_n(), early.epoch = 1;
     BenchHooks wait_only = hooks, notify_only = hooks;
     wait_only.notify_signals = nullptr;
     notify_only.wait_signals = nullptr;
     const float alpha = 1.f, beta = 0.f;
     auto run_engine = [&] { sm90::gemm(ga, stream); };
     auto run_hooks = [&] { gemm_with_hooks(ga, hooks, stream); };
-    auto run_early = [&] { gemm_with_hooks(ga, early, stream); };
     auto run_cublas = [&] {
       TL_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, cuda_type(in),
                                    int(k), a, cuda_type(in), int(k), &beta, c_blas, cuda_type(out), int(n),
@@ -194,7 +185,7 @@ int bench_gemm(Args& args) {
     };
 
     // ---- verification: poisoned outputs, float32 reference ----
-    double err_eng = -1, err_hooks = -1, err_early = -1, err_blas = -1;
+    double err_eng = -1, err_hooks = -1, err_blas = -1;
     if (verify) {
       CK(cudaMalloc(&refc, m * n * sizeof(float)));
       ref::reference_gemm(a, b, in, m, n, k, k, k, nullptr, out, 0, refc, stream);
@@ -212,17 +203,12 @@ int bench_gemm(Args& args) {
       };
       check(run_engine, c, &err_eng);
       if (hooks_on) {
-        for (int e = 0; e < 2; ++e) {
-          CK(cudaMemset(notify_sig, 0, grid.num_tiles() * sizeof(uint64_t)));
-          if (e) check(run_early, c, &err_early);
-          else check(run_hooks, c, &err_hooks);
-          std::vector<uint64_t> got(grid.num_tiles());
-          CK(cudaMemcpy(got.data(), notify_sig, got.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-          if (std::count(got.begin(), got.end(), uint64_t{1}) != int64_t(got.size())) {
-            all_ok = false;
-            std::printf("# FAIL %lldx%lldx%lld: not every tile notified (%s)\n", (long long)m, (long long)n,
-                        (long long)k, e ? "early" : "hooks");
-          }
+        check(run_hooks, c, &err_hooks);
+        std::vector<uint64_t> got(grid.num_tiles());
+        CK(cudaMemcpy(got.data(), notify_sig, got.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+        if (std::count(got.begin(), got.end(), uint64_t{1}) != int64_t(got.size())) {
+          all_ok = false;
+          std::printf("# FAIL %lldx%lldx%lld: not every tile notified\n", (long long)m, (long long)n, (long long)k);
         }
       }
       check(run_cublas, c_blas, &err_blas);
@@ -230,7 +216,7 @@ int bench_gemm(Args& args) {
     }
 
     // ---- timing: every variant once per rep, rotated order, L2 flushed before each launch ----
-    enum { kEngine, kEngine2, kCublas, kHooks, kEarly, kWaitOnly, kNotifyOnly, kWarm, kVariants };
+    enum { kEngine, kEngine2, kCublas, kHooks, kWaitOnly, kNotifyOnly, kVariants };
     const int variants = hooks_on ? kVariants : kCublas + 1;
     std::vector<std::vector<float>> t(kVariants);
     std::vector<int> order(variants);
@@ -241,14 +227,11 @@ int bench_gemm(Args& args) {
       for (int i = 0; i < variants; ++i) {
         const int v = order[i];
         CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
-        if (v == kWarm)  // the signals back in L2, as the comm program's notifies leave them
-          CK(cudaMemcpyAsync(wait_sig, wait_sig_set, ones.size() * sizeof(uint64_t), cudaMemcpyDeviceToDevice, stream));
         CK(cudaEventRecord(ev[0], stream));
         switch (v) {
           case kEngine: case kEngine2: run_engine(); break;
           case kCublas: run_cublas(); break;
-          case kHooks: case kWarm: run_hooks(); break;
-          case kEarly: run_early(); break;
+          case kHooks: run_hooks(); break;
           case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
           case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
         }
@@ -270,25 +253,22 @@ int bench_gemm(Args& args) {
     const double tf_hooks = hooks_on ? flop / (median(t[kHooks]) * 1e-3) / 1e12 : 0;
     const double ratio = tf_eng / tf_blas;
     const Paired p_hooks = paired(t[kHooks], base), p_aa = paired(t[kEngine2], base_e),
-                 p_early = paired(t[kEarly], base), p_wait = paired(t[kWaitOnly], base),
-                 p_notify = paired(t[kNotifyOnly], base), p_warm = paired(t[kWarm], base);
+                 p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base);
     ratios.push_back(ratio);
     if (hooks_on) {
       overheads.push_back(p_hooks.median_pct);
-      early_overheads.push_back(p_early.median_pct);
       aa_abs.push_back(std::abs(p_aa.median_pct));
     }
     if (csv)
-      std::printf("%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e,%.2e\n",
-                  (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct,
-                  p_aa.median_pct, p_aa.half_iqr_pct, p_early.median_pct, p_wait.median_pct, p_notify.median_pct,
-                  p_warm.median_pct, err_eng, err_hooks, err_early, err_blas);
+      std::printf("%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e\n", (long long)m,
+                  (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct, p_aa.median_pct,
+                  p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, err_eng, err_hooks, err_blas);
     else
-      std::printf("%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f %+7.2f %+7.2f | "
-                  "%8.2e %8.2e %8.2e %8.2e\n",
+      std::printf("%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f | "
+                  "%8.2e %8.2e %8.2e\n",
                   (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct,
-                  p_aa.median_pct, p_aa.half_iqr_pct, p_early.median_pct, p_wait.median_pct, p_notify.median_pct,
-                  p_warm.median_pct, err_eng, err_hooks, err_early, err_blas);
+                  p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, err_eng, err_hooks,
+                  err_blas);
     std::fflush(stdout);
     CK(cudaFree(a));
     CK(cudaFree(b));
@@ -296,7 +276,6 @@ int bench_gemm(Args& args) {
     CK(cudaFree(c_blas));
     CK(cudaFree(wait_sig));
     CK(cudaFree(notify_sig));
-    CK(cudaFree(wait_sig_set));
   }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
@@ -309,7 +288,6 @@ int bench_gemm(Args& args) {
     std::printf("; %s: median %+.2f%%, max %+.2f%%", what, o[o.size() / 2], o.back());
   };
   med_max("hooks overhead", overheads);
-  med_max("early-wait hooks overhead", early_overheads);
   if (!aa_abs.empty())
     std::printf("; |A/A| max %.2f%%", *std::max_element(aa_abs.begin(), aa_abs.end()));
   std::printf("; verification %s\n", verify ? (all_ok ? "PASSED" : "FAILED") : "skipped");

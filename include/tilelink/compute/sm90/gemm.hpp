@@ -23,11 +23,6 @@
 //     of that output tile; it must return in every lane once the tile's inputs may be read (typically
 //     a bounded acquire spin on the tile's signal slots, at gpu or sys scope). The engine follows it
 //     with __syncwarp() and `fence.proxy.async.global`, so no TMA load is hoisted above the wait.
-//     Optional `static constexpr bool kFirstWaitAtEntry = true;`: the block's FIRST tile is waited
-//     for at kernel entry by all 32 lanes of another warp (warp 2) while the block sets up, and the
-//     whole block then passes a __syncthreads (which carries the acquire to the load warp) before
-//     its first load; later tiles as above. Hides the first signal load's latency (a cold signal:
-//     ~1 us per launch). The hook must not read threadIdx to find "its" lane (use %laneid).
 //   after_tile_stored: called once per tile by one thread (lane 0 of a dedicated notify warp) after
 //     every epilogue store or reduction of that tile by every consumer thread is ordered before it
 //     (__syncwarp, then one mbarrier arrive [release.cta] per consumer warp -> wait [acquire.cta]);

@@ -5,8 +5,7 @@
 // The mainloop (TMA loads into a Stages-deep smem ring, wgmma 2x(64x256x16) per k-block) is CUTLASS's
 // sm90 warp-specialized collective; the persistent tile walk, the hooks and the epilogue are ours.
 //
-// Block: 384 threads = warpgroup 0 (warp 0: TMA producer, warp 1: tile notifier, warp 2: the first
-//                     tile's wait when Hooks::kFirstWaitAtEntry, warp 3 idle)
+// Block: 384 threads = warpgroup 0 (warp 0: TMA producer, warp 1: tile notifier, warps 2-3 idle)
 //                     + warpgroups 1-2 (consumers: 128x256 tile, each warpgroup 64x256, fp32 accum).
 #pragma once
 
@@ -41,13 +40,6 @@ struct NoHooks {
 };
 
 namespace detail {
-
-// Hooks::kFirstWaitAtEntry (optional, default false): see gemm.hpp.
-template <class Hooks>
-TL_HD constexpr bool first_wait_at_entry() {
-  if constexpr (requires { Hooks::kFirstWaitAtEntry; }) return Hooks::kWaits && Hooks::kFirstWaitAtEntry;
-  else return false;
-}
 
 // Throws tilelink::Error naming the failed CUDA call and file:line.
 inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
@@ -166,17 +158,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
 
   const TileGrid grid = gemm_tile_grid(p.m, p.n);
   const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), p.order.count()};
-  constexpr bool kEarlyWait = first_wait_at_entry<Hooks>();
-  if constexpr (kEarlyWait) {
-    // The first tile's wait overlaps the setup above (its signal load is the first memory access of
-    // the block); __syncthreads carries its acquire to the load warp, which fences the async proxy.
-    if (warp_idx == 2 && walk.num_local() > 0) {
-      Hooks hooks = p.hooks;
-      const TileCoord first = p.order.at(walk.global(0));
-      hooks.before_tile_loads(first, grid.region(first));
-      __syncwarp();
-    }
-  }
+  // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
+  // setup) measured slower, not faster (bench/notes/gemm.md, run 4): the load warp waits below.
   __syncthreads();
   const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
   const auto problem_mnkl = make_shape(p.m, p.n, p.k, 1);
@@ -194,7 +177,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       for (int j = 0; j < walk.num_local(); ++j) {
         const TileCoord tile = p.order.at(walk.global(j));
         if constexpr (Hooks::kWaits) {
-          if (!kEarlyWait || j > 0) hooks.before_tile_loads(tile, grid.region(tile));
+          hooks.before_tile_loads(tile, grid.region(tile));
           __syncwarp();
           // NOTE: the hook's acquire is a generic-proxy access; TMA reads through the async proxy.
           fence_proxy_async_global();

@@ -22,12 +22,10 @@ struct WaitTimeout {
 // NOTE: a hook must make no function call (no printf, nothing non-inlined): ptxas then serializes
 // every wgmma of the kernel (warning C7510), about 7% slower. So a timeout is reported through
 // `timeout` (if set) and a trap, not printf.
-// kEarly: the first tile's wait at kernel entry (gemm.hpp, kFirstWaitAtEntry).
-template <cuda::thread_scope Scope = cuda::thread_scope_device, bool kEarly = false>
+template <cuda::thread_scope Scope = cuda::thread_scope_device>
 struct SignalHooks {
   static constexpr bool kWaits = true;
   static constexpr bool kNotifies = true;
-  static constexpr bool kFirstWaitAtEntry = kEarly;
   static constexpr long long kMaxPolls = 1ll << 26;  // ~seconds with the backoff below
 
   uint64_t* wait_signals = nullptr;    // [tiles_m * tiles_n], row-major by tile; nullptr: no wait
