@@ -54,8 +54,6 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   TL_REQUIRE(static_cast<int>(k_per_rank.size()) == W,
              "gemm_rs: " << k_per_rank.size() << " K_r values for a world of " << W);
   TL_REQUIRE(dtype == DType::kBF16, "gemm_rs on the CUDA backend takes bf16, got " << dtype_name(dtype));
-  TL_REQUIRE(config.mode == CommMode::kPull, "gemm_rs on the CUDA backend reduces by pulling; push is "
-                                             "not built (the engine's epilogue writes one buffer)");
   TL_REQUIRE(n % 8 == 0, "gemm_rs: N must be a multiple of 8 (16-byte rows), got " << n);
   for (int r = 0; r < W; ++r)
     TL_REQUIRE(k_per_rank[r] % 8 == 0, "gemm_rs: K_" << r << " must be a multiple of 8, got " << k_per_rank[r]);
@@ -67,7 +65,10 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
                                 << ") and must leave the GEMM at least one (compute_workers "
                                 << config.compute_workers << ")");
 
+  TL_REQUIRE(config.mode == CommMode::kPull || config.comm_workers >= 2 || W == 1,
+             "gemm_rs push: comm_workers must be >= 2 (pushers and reducers), got " << config.comm_workers);
   GemmRsConfig cfg = config;
+  cfg.mode = CommMode::kPull;  // the engine's side: partial, tile_done, barrier (push_plans_ below)
   cfg.gemm_tile_m = compute::sm90::kTileM;  // the plan's gemm tiles are the engine's tiles
   cfg.gemm_tile_n = compute::sm90::kTileN;
   for (int r = 0; r < W; ++r) {
@@ -77,6 +78,14 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
     plans_.push_back(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c));
   }
   ws_ = world.allocate(plans_[0].ws.num_bytes);
+  if (config.mode == CommMode::kPush) {
+    for (int r = 0; r < W; ++r) {
+      GemmRsConfig c = plans_[r].config;
+      c.mode = CommMode::kPush;
+      push_plans_.push_back(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c));
+    }
+    ws_push_ = world.allocate(push_plans_[0].ws.num_bytes);
+  }
 
   lanes_ = std::make_unique<detail::RankLanes>(world);
   epochs_ = std::make_unique<detail::CallEpochs>(world);
@@ -162,8 +171,12 @@ void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void
   }
   for (int r : world_.local_ranks()) {
     const GemmRsPlan& p = plans_[r];
-    launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1),
-                     CommLaunch{CopyMethod::kVector, p.config.comm_workers});
+    const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
+    if (push_plans_.empty())
+      launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
+    else
+      launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
+                            c[r], epochs_->epoch(r, 1), how, how.workers / 2);
     lanes_->join_wait(r);
   }
 }
@@ -187,8 +200,12 @@ void GemmRs::run_reduce_only(const std::vector<void*>& c) {
   if (world_.size() == 1) return;  // a world-1 call has no reduce (run() is the engine alone)
   for (int r : world_.local_ranks()) {
     const GemmRsPlan& p = plans_[r];
-    launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1),
-                     CommLaunch{CopyMethod::kVector, p.config.comm_workers});
+    const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
+    if (push_plans_.empty())
+      launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
+    else  // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes (timing only)
+      launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
+                            c[r], epochs_->epoch(r, 1), how, how.workers / 2);
   }
 }
 

@@ -31,6 +31,7 @@ struct Case {
   int64_t n;
   int comm_sms;
   int comm_tile_rows, comm_tile_cols;
+  CommMode mode = CommMode::kPull;
 };
 
 void run_case(const Case& tc, uint64_t seed) {
@@ -48,6 +49,7 @@ void run_case(const Case& tc, uint64_t seed) {
   GemmRsConfig cfg;
   cfg.comm_workers = tc.comm_sms;
   cfg.compute_workers = 0;
+  cfg.mode = tc.mode;
   cfg.comm_tile_rows = tc.comm_tile_rows;
   cfg.comm_tile_cols = tc.comm_tile_cols;
   tlc::GemmRs op(world, rows, N, tc.k_split, DType::kBF16, cfg);
@@ -114,6 +116,9 @@ void run_case(const Case& tc, uint64_t seed) {
 TEST(GemmRsCuda, World1) { run_case({1, {300}, {512}, 512, 2, 64, 256}, 1); }
 TEST(GemmRsCuda, World2Ragged) { run_case({2, {1000, 777}, {256, 512}, 1024, 8, 128, 512}, 2); }
 TEST(GemmRsCuda, World4EmptySegment) { run_case({4, {500, 0, 1, 620}, {128, 256, 64, 192}, 768, 4, 96, 256}, 3); }
+TEST(GemmRsCuda, World2RaggedPush) { run_case({2, {1000, 777}, {256, 512}, 1024, 8, 128, 512, CommMode::kPush}, 5); }
+TEST(GemmRsCuda, World4PushEmptySegment) { run_case({4, {500, 0, 1, 620}, {128, 256, 64, 192}, 768, 4, 96, 256, CommMode::kPush}, 6); }
+TEST(GemmRsCuda, World8Push) { run_case({8, {300, 17, 512, 1, 256, 300, 9, 700}, {64, 128, 64, 64, 128, 64, 64, 128}, 512, 2, 64, 512, CommMode::kPush}, 7); }
 TEST(GemmRsCuda, World8) { run_case({8, {300, 17, 512, 1, 256, 300, 9, 700}, {64, 128, 64, 64, 128, 64, 64, 128}, 512, 2, 64, 512}, 4); }
 
 TEST(GemmRsCuda, RefusesBadInput) {
@@ -127,7 +132,8 @@ TEST(GemmRsCuda, RefusesBadInput) {
   EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 100, {128, 128}, DType::kBF16, cfg), Error);  // N % 8
   EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 128, {128, 100}, DType::kBF16, cfg), Error);  // K_r % 8
   EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kF32, cfg), Error);
-  cfg.mode = CommMode::kPush;
+  cfg.mode = CommMode::kPush;  // push needs pushers and reducers: comm_workers >= 2
+  cfg.comm_workers = 1;
   EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kBF16, cfg), Error);
   cfg.mode = CommMode::kPull;
   cfg.comm_workers = 0;

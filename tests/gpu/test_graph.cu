@@ -279,8 +279,10 @@ struct RsFixture {
   }
 };
 
-void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, bool unfused) {
-  SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused"));
+void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, bool unfused,
+                   CommMode mode = CommMode::kPull) {
+  SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused")
+                                    << (mode == CommMode::kPush ? " push" : " pull"));
   tlc::World world = make_world(W);
   RsFixture f(world, split, 512, ks);
   GemmRsConfig cfg;
@@ -288,6 +290,7 @@ void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, b
   cfg.compute_workers = 0;
   cfg.comm_tile_rows = 64;
   cfg.comm_tile_cols = 256;
+  cfg.mode = mode;
   tlc::GemmRs op(world, f.rows, f.n, f.ks, DType::kBF16, cfg);
   auto call = [&] { unfused ? op.run_unfused(f.ca(), f.cb(), f.c) : op.run(f.ca(), f.cb(), f.c); };
   f.refresh(1);
@@ -310,6 +313,7 @@ void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, b
 TEST(GraphCuda, GemmRsWorld2Fused) { rs_graph_case(2, {300, 212}, {256, 128}, false); }
 TEST(GraphCuda, GemmRsWorld4Fused) { rs_graph_case(4, {200, 0, 1, 300}, {128, 64, 192, 128}, false); }
 TEST(GraphCuda, GemmRsWorld2Unfused) { rs_graph_case(2, {256, 256}, {128, 128}, true); }
+TEST(GraphCuda, GemmRsWorld4Push) { rs_graph_case(4, {200, 0, 1, 300}, {128, 64, 192, 128}, false, CommMode::kPush); }
 TEST(GraphCuda, GemmRsWorld1) { rs_graph_case(1, {300}, {256}, false); }
 
 TEST(GraphCuda, GemmRs10kCallsEagerThenGraph) {

@@ -317,7 +317,8 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
                    int iters, std::vector<BenchRow>* rows) {
   const int W = world.size();
   GemmRsConfig cfg;
-  cfg.comm_workers = p.comm_sms ? p.comm_sms : 8;  // the reduce runs on SMs
+  cfg.mode = p.mode;  // pull: the owners read peers' partials; push: the producers write them
+  cfg.comm_workers = p.comm_sms ? p.comm_sms : 8;  // the reduce (and push: the pushers) run on SMs
   cfg.compute_workers = 0;
   cfg.comm_tile_rows = p.comm_tile;
   tlc::GemmRs op(world, p.rows, p.n, p.split, DType::kBF16, cfg);

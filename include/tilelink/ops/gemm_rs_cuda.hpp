@@ -6,13 +6,18 @@
 //                    P_r = A_r B_r^T into the rank's symmetric `partial`, tiles in the plan's staggered
 //                    order; after each tile's epilogue the engine's notify warp release-stores
 //                    tile_done[t] = epoch (system scope)
-//   reduce program   the SM-driven reduce of ops/cuda/comm.hpp on comm_workers SMs of the rank's
-//                    stream: each reduce tile of the rank's segment once the gemm tiles covering it
-//                    are done on every source, summed in rank order in fp32
+//   reduce program   config.mode = pull: the SM-driven reduce of ops/cuda/comm.hpp on comm_workers
+//                    SMs of the rank's stream: each reduce tile of the rank's segment once the gemm
+//                    tiles covering it are done on every source (reading the peers' partials),
+//                    summed in rank order in fp32.
+//                    push: one kernel on comm_workers SMs (>= 2), half of them pushing each finished
+//                    gemm tile (after its tile_done) into its owners' staging slots, the other half
+//                    reducing the rank's segment from its own staging (local reads only)
 //   baseline         barrier, cuBLAS into `partial`, every tile_done set, the same reduce on all SMs
 //
-// bf16 storage, fp32 accumulation; pull only (push would need the engine's epilogue to split a tile
-// between owners' staging slots; refused).
+// bf16 storage, fp32 accumulation. Both modes sum in rank order: the same bits as the baseline.
+// (The engine's epilogue always stores the partial locally: a tile may span two owners, whose
+// staging slots are not one affine buffer, so pushes are made by the comm SMs, per tile.)
 //
 // CUDA graphs: run() and run_unfused() may be captured and replayed, mixed with eager calls, as for
 // AgGemm (ops/ag_gemm_cuda.hpp): device-side epochs from the first captured call on.
@@ -70,8 +75,10 @@ class GemmRs {
   void enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks);
 
   World& world_;
-  std::vector<GemmRsPlan> plans_;
+  std::vector<GemmRsPlan> plans_;       // pull-mode plans: the engine's partial, tile_done, barrier
   SymmetricBuffer ws_;
+  std::vector<GemmRsPlan> push_plans_;  // config.mode = push: staging, staged
+  SymmetricBuffer ws_push_;
   std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
   std::unique_ptr<detail::CallEpochs> epochs_;
 };

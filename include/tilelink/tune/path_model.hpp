@@ -26,7 +26,11 @@ struct MachineModel {
   int gemm_sms = 0;              // SMs the fused GEMM runs on (the rest run the comm program)
   double gemm_tflops = 650;      // sustained bf16 rate on `sms` (bench/notes/gemm.md: 640-800)
   double link_gbps = 400;        // per rank, one direction (an H200's NVLink is ~450 GB/s)
-  double fused_overhead_us = 15; // signals, the entry barrier, the last tile's tail
+  // Signals, the entry barrier, the own segment's copy, the last tile's tail, and what overlap
+  // leaves exposed. Measured on two H200s (NV18), peer transport, AG+GEMM 8192x14336x4096 at world
+  // 2: fused - T_gemm = 167 us (bench/notes/fused_ops_cuda.md); 15 us (the first guess) made `auto`
+  // pick the fused path there, 0.95x of cuBLAS+NCCL.
+  double fused_overhead_us = 150;
   double margin = 0.05;          // fused must be predicted this much faster
 };
 

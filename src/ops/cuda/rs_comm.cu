@@ -86,14 +86,13 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
 
 // reduce program: every reduce tile of this rank's segment, after the gemm tiles covering it on
 // every source rank (peers first, own last, as on the CPU); sources summed in rank order.
+// Reduce tiles first, first + stride, ... of this rank (the reduce program's body).
 template <Scope S, bool kPush>
-__global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
-                                 Epoch call) {
-  const uint64_t epoch = call.value();
-  const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+__device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, const DeviceContext& ctx,
+                             void* c, uint64_t epoch, Block block, int first, int stride) {
   const int64_t eb = p.elem_bytes();
   const int64_t seg0 = p.rows.begin(ctx.rank);
-  for (int i = blockIdx.x; i < p.reduce_count(); i += gridDim.x) {
+  for (int i = first; i < p.reduce_count(); i += stride) {
     const Rect r = p.reduce_region(i);
     const TileSpan span = p.waits_for(r);
     if (block.leader()) {
@@ -129,6 +128,59 @@ __global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext
   }
 }
 
+template <Scope S, bool kPush>
+__global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
+                                 Epoch call) {
+  const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(), block, blockIdx.x, gridDim.x);
+}
+
+// Push: gemm tile `tile` of the partial `mine` [M, N] into the staging slot of this rank on every
+// owner whose rows it covers, each announced on the owner's staged slot.
+template <Scope S>
+__device__ void push_tile(const GemmRsPlan& p, const SymmetricView& heap, const DeviceContext& ctx,
+                          const std::byte* mine, TileCoord tile, uint64_t epoch, Block block) {
+  const int64_t eb = p.elem_bytes();
+  const Rect r = p.gemm.region(tile);
+  const int t = p.gemm.linear(tile);
+  for (int owner = p.rows.owner_of_row(r.row); owner < p.world_size; ++owner) {
+    if (p.rows.begin(owner) >= r.row + r.rows) break;
+    const int64_t lo = max64(r.row, p.rows.begin(owner));
+    const int64_t hi = min64(r.row + r.rows, p.rows.end(owner));
+    if (hi <= lo) continue;
+    std::byte* dst = heap.peer(owner, p.ws.staging) + (p.staging_offset_elems(ctx.rank, lo, owner) + r.col) * eb;
+    tile_push_data(ctx, owner, Copy2D{mine + (lo * p.n + r.col) * eb, p.n * eb, dst, p.n * eb, hi - lo, r.cols * eb},
+                   block);
+    block.sync();
+    if (block.leader()) peer_tile_notify<S>(ctx, heap, owner, p.ws.staged, p.staged_slot(ctx.rank, t), epoch);
+  }
+}
+
+// Fused GEMM+RS, push: blocks [0, pushers) push each finished gemm tile of this rank's partial
+// (after its tile_done, in the compute order) into the owners' staging slots; the other blocks
+// reduce this rank's segment from its own staging. `push` is the push-mode plan (staging, staged),
+// `partial`/`tile_done` the engine's local output and signals (a pull-mode workspace).
+template <Scope S>
+__global__ void rs_push_reduce_kernel(GemmRsPlan push, SymmetricView push_heap, SymmetricView local_heap,
+                                      ByteField partial, Field<Signal> tile_done, DeviceContext ctx,
+                                      void* c, Epoch call, int pushers) {
+  const uint64_t epoch = call.value();
+  const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+  if (static_cast<int>(blockIdx.x) < pushers) {
+    const std::byte* mine = local_heap.local(partial);
+    for (int i = blockIdx.x; i < push.compute_order.count(); i += pushers) {
+      const TileCoord tile = push.compute_order.at(i);
+      const int t = push.gemm.linear(tile);
+      if (block.leader())
+        consumer_tile_wait<S>(ctx, local_heap, tile_done, t, epoch, WaitSite{"tile_done", t});
+      block.sync();
+      push_tile<S>(push, push_heap, ctx, mine, tile, epoch, block);
+    }
+  } else {
+    reduce_tiles<S, true>(push, push_heap, ctx, c, epoch, block, blockIdx.x - pushers, gridDim.x - pushers);
+  }
+}
+
 // The compute program's publishing side, for a finished partial P_r [M, N].
 template <Scope S, bool kPush>
 __global__ void rs_publish_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx,
@@ -152,22 +204,7 @@ __global__ void rs_publish_kernel(GemmRsPlan p, SymmetricView heap, DeviceContex
       block.sync();
       if (block.leader()) producer_tile_notify<S>(ctx, heap, p.ws.tile_done, t, epoch);
     } else {
-      // Per owner whose rows the tile covers: into the owner's staging slot of this rank.
-      for (int owner = p.rows.owner_of_row(r.row); owner < p.world_size; ++owner) {
-        if (p.rows.begin(owner) >= r.row + r.rows) break;
-        const int64_t lo = max64(r.row, p.rows.begin(owner));
-        const int64_t hi = min64(r.row + r.rows, p.rows.end(owner));
-        if (hi <= lo) continue;
-        std::byte* dst = heap.peer(owner, p.ws.staging) +
-                         (p.staging_offset_elems(ctx.rank, lo, owner) + r.col) * eb;
-        tile_push_data(ctx, owner,
-                       Copy2D{mine + (lo * p.n + r.col) * eb, p.n * eb, dst, p.n * eb, hi - lo,
-                              r.cols * eb},
-                       block);
-        block.sync();
-        if (block.leader())
-          peer_tile_notify<S>(ctx, heap, owner, p.ws.staged, p.staged_slot(ctx.rank, t), epoch);
-      }
+      push_tile<S>(p, heap, ctx, mine, tile, epoch, block);
     }
   }
 }
@@ -175,7 +212,8 @@ __global__ void rs_publish_kernel(GemmRsPlan p, SymmetricView heap, DeviceContex
 TL_REGISTER_KERNELS(rs_reduce_kernel<Scope::kGpu, false>, rs_reduce_kernel<Scope::kGpu, true>,
                     rs_reduce_kernel<Scope::kSystem, false>, rs_reduce_kernel<Scope::kSystem, true>,
                     rs_publish_kernel<Scope::kGpu, false>, rs_publish_kernel<Scope::kGpu, true>,
-                    rs_publish_kernel<Scope::kSystem, false>, rs_publish_kernel<Scope::kSystem, true>);
+                    rs_publish_kernel<Scope::kSystem, false>, rs_publish_kernel<Scope::kSystem, true>,
+                    rs_push_reduce_kernel<Scope::kGpu>, rs_push_reduce_kernel<Scope::kSystem>);
 
 void check(World& world, const GemmRsPlan& p, const SymmetricView& heap, const CommLaunch& how,
            const char* op) {
@@ -214,6 +252,24 @@ void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& he
   TL_REQUIRE(epoch.on_device() || epoch.offset >= 1, "rs_reduce: epochs start at 1");
   if (world.scope() == Scope::kGpu) reduce_at<Scope::kGpu>(world, p, heap, c, epoch, how);
   else reduce_at<Scope::kSystem>(world, p, heap, c, epoch, how);
+}
+
+void launch_rs_push_reduce(World& world, const GemmRsPlan& push, const SymmetricView& push_heap,
+                           const SymmetricView& local_heap, ByteField partial, Field<Signal> tile_done,
+                           void* c, Epoch epoch, const CommLaunch& how, int pushers) {
+  check(world, push, push_heap, how, "rs_push_reduce");
+  TL_REQUIRE(push.config.mode == CommMode::kPush, "rs_push_reduce: needs a push-mode plan");
+  TL_REQUIRE(c || push.rows.size(push.rank) == 0, "rs_push_reduce: null C on rank " << push.rank);
+  TL_REQUIRE(epoch.on_device() || epoch.offset >= 1, "rs_push_reduce: epochs start at 1");
+  TL_REQUIRE(pushers >= 1 && pushers < how.workers,
+             "rs_push_reduce: " << how.workers << " workers cannot hold " << pushers
+                                << " pushers and at least one reducer");
+  TL_REQUIRE(tile_done.count >= push.gemm.num_tiles() &&
+                 partial.count >= push.m() * push.n * push.elem_bytes(),
+             "rs_push_reduce: the local partial/tile_done are smaller than the plan's gemm grid");
+  auto* k = world.scope() == Scope::kGpu ? rs_push_reduce_kernel<Scope::kGpu> : rs_push_reduce_kernel<Scope::kSystem>;
+  detail::launch_on_rank(world, push.rank, "rs_push_reduce", k, how.workers, how.threads, 0, push, push_heap,
+                         local_heap, partial, tile_done, world.device_context(push.rank), c, epoch, pushers);
 }
 
 void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,

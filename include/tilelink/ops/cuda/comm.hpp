@@ -56,6 +56,15 @@ void prepare_comm_kernels(World& world);
 void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
                       Epoch epoch, const CommLaunch& how);
 
+// Fused GEMM+RS, push (one kernel on how.workers SMs of rank push.rank): `pushers` blocks push each
+// gemm tile of this rank's partial to the owners' staging slots once the engine has announced it
+// (local tile_done[t] >= epoch), in the compute order; the other blocks reduce this rank's segment
+// from its staging (push.ws on push_heap) into c, as launch_rs_reduce in push mode. partial and
+// tile_done are the engine's output and signals in local_heap (a pull-mode plan's fields).
+void launch_rs_push_reduce(World& world, const GemmRsPlan& push, const SymmetricView& push_heap,
+                           const SymmetricView& local_heap, ByteField partial, Field<Signal> tile_done,
+                           void* c, Epoch epoch, const CommLaunch& how, int pushers);
+
 // The compute program's side of GEMM+RS for a finished partial P_r [M, N] (tests and benches
 // of the reduce half): entry barrier, then each gemm tile in the compute order published: pull:
 // copied into ws.partial and tile_done[t] = epoch; push: copied into each owner's staging slot of
