@@ -31,7 +31,8 @@ double gemm_rs_comm_bytes(const GemmRsPlan& p) {
   return static_cast<double>(p.rows.size(p.rank)) * p.n * dtype_size(p.dtype) * (p.world_size - 1);
 }
 
-PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested) {
+PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
+                       int comm_tiles) {
   TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
              "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms ("
                                                                << m.sms << ")");
@@ -49,7 +50,7 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
   }
   const double t_gemm_all = flops / (m.gemm_tflops * 1e12) * 1e6;
   const double t_gemm_fused = t_gemm_all * m.sms / m.gemm_sms;
-  const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
+  const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6 + comm_tiles * m.comm_tile_us;
   c.unfused_us = t_gemm_all + t_comm;
   c.fused_us = std::max(t_gemm_fused, t_comm) + m.fused_overhead_us;
   c.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
@@ -61,7 +62,10 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
 }
 
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested) {
-  return choose_path(2.0 * p.m() * p.n * p.k, ag_gemm_comm_bytes(p), m, requested);
+  // The tiles this rank pulls (or pushes) from or to its peers.
+  const int remote = p.config.mode == CommMode::kPull ? p.comm.num_tiles() - p.comm.tiles_of(p.rank)
+                                                      : p.comm.tiles_of(p.rank) * (p.world_size - 1);
+  return choose_path(2.0 * p.m() * p.n * p.k, ag_gemm_comm_bytes(p), m, requested, remote);
 }
 
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested) {

@@ -219,7 +219,12 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   cfg.mode = p.mode;
   cfg.comm_workers = p.comm_sms;  // 0: the copy engine
   cfg.compute_workers = 0;  // the GEMM takes the rank's SMs less the copy engine's spare ones
-  cfg.comm_tile_rows = p.comm_tile;
+  // Without --comm-tile: about 4 tiles a segment, multiples of 128 rows. Each copy-engine tile costs
+  // ~25 us of stream waits and launches (bench/notes/fused_ops_cuda.md): 64-row tiles made the comm
+  // program 7x slower than 1024-row ones at 8192x11008x4096 on two H200s.
+  cfg.comm_tile_rows = p.comm_tile_auto
+                           ? static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(p.rows.max_size(), 4), 128), 128, 4096))
+                           : p.comm_tile;
   tlc::AgGemm op(world, p.rows, p.split, p.k, DType::kBF16, cfg);
   trace(world, "op made");
   const int64_t M = p.m;
@@ -279,11 +284,11 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   }
   const int r0 = world.local_ranks()[0];
   if (printer(world)) {
-    std::printf("%s\n  transport=%s, SMs per rank=%d: GEMM on %d, comm %s; baseline %s\n", describe(p).c_str(),
-                tlc::transport_name(world.transport()), world.sm_count(r0), op.gemm_sms(r0),
+    std::printf("%s\n  transport=%s, SMs per rank=%d: GEMM on %d, comm %s, comm tiles of %d rows%s; baseline %s\n",
+                describe(p).c_str(), tlc::transport_name(world.transport()), world.sm_count(r0), op.gemm_sms(r0),
                 p.comm_sms ? ("on " + std::to_string(p.comm_sms) + " SMs (bulk copies)").c_str()
                            : "on the copy engine",
-                baseline.c_str());
+                cfg.comm_tile_rows, p.comm_tile_auto ? " (auto)" : "", baseline.c_str());
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
   const PathChoice choice = op.choose(p.path);
@@ -320,7 +325,7 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   cfg.mode = p.mode;  // pull: the owners read peers' partials; push: the producers write them
   cfg.comm_workers = p.comm_sms ? p.comm_sms : 8;  // the reduce (and push: the pushers) run on SMs
   cfg.compute_workers = 0;
-  cfg.comm_tile_rows = p.comm_tile;
+  cfg.comm_tile_rows = p.comm_tile_auto ? 128 : p.comm_tile;  // the reduce tiles' rows
   tlc::GemmRs op(world, p.rows, p.n, p.split, DType::kBF16, cfg);
   trace(world, "op made");
   const int64_t M = p.m, N = p.n;
@@ -390,8 +395,9 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   }
   const int r0 = world.local_ranks()[0];
   if (printer(world)) {
-    std::printf("%s\n  transport=%s, SMs per rank=%d: GEMM on %d, reduce on %d; baseline %s\n", describe(p).c_str(),
-                tlc::transport_name(world.transport()), world.sm_count(r0), op.gemm_sms(r0), cfg.comm_workers,
+    std::printf("%s\n  transport=%s, SMs per rank=%d: GEMM on %d, %s on %d, reduce tiles of %d rows; baseline %s\n",
+                describe(p).c_str(), tlc::transport_name(world.transport()), world.sm_count(r0), op.gemm_sms(r0),
+                cfg.mode == CommMode::kPush ? "push+reduce" : "reduce", cfg.comm_workers, cfg.comm_tile_rows,
                 baseline.c_str());
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
@@ -427,7 +433,6 @@ int run_shapes(const std::vector<OpProblem>& ps, const std::string& transport_na
   TL_REQUIRE(!ps.empty(), "no shape to run");
   const OpProblem& p0 = ps.front();
   TL_REQUIRE(p0.dtype == DType::kBF16, p0.op << " on the CUDA backend takes --dtype bf16");
-  TL_REQUIRE(p0.op == "ag_gemm" || p0.mode == CommMode::kPull, p0.op << " on the CUDA backend takes --variant pull");
   TL_REQUIRE(!bench || (warmup >= 0 && iters >= 1), "--warmup must be >= 0 and --bench-iters >= 1");
   tlc::WorldOptions wo;
   wo.transport = pick_transport(transport_name, p0.world);

@@ -38,6 +38,7 @@ OpProblem parse_problem(Args& args, const std::string& op) {
     TL_REQUIRE(p.rows.total() == p.m, "--m-split adds up to " << p.rows.total() << ", -m is " << p.m);
   }
 
+  p.comm_tile_auto = args.get("--comm-tile", "").empty();
   p.comm_tile = static_cast<int>(args.get_int("--comm-tile", 64));
   p.tile_m = static_cast<int>(args.get_int("--tile-m", 128));
   p.tile_n = static_cast<int>(args.get_int("--tile-n", 128));

@@ -26,6 +26,7 @@ struct OpProblem {
   DType dtype = DType::kBF16;
   CommMode mode = CommMode::kPull;
   int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
+  bool comm_tile_auto = false;  // --comm-tile not given: the CPU takes comm_tile, CUDA ops pick their own
   int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)
   OpPath path = OpPath::kAuto;  // CUDA: fused, unfused, or the cost model's choice
   bool baseline_only = false;   // CUDA: check (and time) the unfused baseline alone

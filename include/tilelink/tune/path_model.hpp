@@ -32,6 +32,10 @@ struct MachineModel {
   // pick the fused path there, 0.95x of cuBLAS+NCCL.
   double fused_overhead_us = 150;
   double margin = 0.05;          // fused must be predicted this much faster
+  // Per communication tile on the critical path of the copy-engine program (a stream wait on a
+  // peer's signal, the copy, the notify). Measured on two H200s: 64 remote tiles of 64 rows took
+  // 1.667 ms at 8192x11008x4096, world 2 (26 us a tile; bench/notes/fused_ops_cuda.md).
+  double comm_tile_us = 25;
 };
 
 struct PathChoice {
@@ -45,7 +49,9 @@ struct PathChoice {
 double ag_gemm_comm_bytes(const AgGemmPlan& p);
 double gemm_rs_comm_bytes(const GemmRsPlan& p);
 
-PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested);
+// comm_tiles: the communication tiles a rank moves (each costs m.comm_tile_us).
+PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
+                       int comm_tiles = 0);
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
 

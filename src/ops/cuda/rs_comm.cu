@@ -160,8 +160,10 @@ __device__ void push_tile(const GemmRsPlan& p, const SymmetricView& heap, const 
 // (after its tile_done, in the compute order) into the owners' staging slots; the other blocks
 // reduce this rank's segment from its own staging. `push` is the push-mode plan (staging, staged),
 // `partial`/`tile_done` the engine's local output and signals (a pull-mode workspace).
+// NOTE: bounded to 512 threads a block (128 registers a thread): both roles in one kernel took more
+// registers than a 512-thread launch has (cudaErrorLaunchOutOfResources on the H200).
 template <Scope S>
-__global__ void rs_push_reduce_kernel(GemmRsPlan push, SymmetricView push_heap, SymmetricView local_heap,
+__global__ void __launch_bounds__(512) rs_push_reduce_kernel(GemmRsPlan push, SymmetricView push_heap, SymmetricView local_heap,
                                       ByteField partial, Field<Signal> tile_done, DeviceContext ctx,
                                       void* c, Epoch call, int pushers) {
   const uint64_t epoch = call.value();
