@@ -127,6 +127,30 @@ std::mt19937_64 rank_rng(uint64_t seed, int r) { return std::mt19937_64(seed * 1
 
 // Host wall time per call of `enqueue` over `iters` calls, after `warmup` calls: median of 5
 // batches; the max over ranks' processes (ipc).
+// World 1: the fused call against the bare engine, interleaved so that clock drift between two
+// timing loops does not show as overhead: rounds of one batch of each (the order alternating), the
+// median over rounds of fused / engine, and the min..max of the per-round ratios.
+template <class Engine, class Fused>
+void print_world1_overhead(tlc::World& world, const char* op, int iters, Engine&& engine, Fused&& fused) {
+  if (world.size() != 1) return;
+  auto batch = [&](auto& fn) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    world.sync(op);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  std::vector<double> ratios;
+  for (int round = 0; round < 10; ++round) {
+    double te, tf;
+    if (round % 2 == 0) { te = batch(engine); tf = batch(fused); }
+    else { tf = batch(fused); te = batch(engine); }
+    ratios.push_back(tf / te);
+  }
+  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+  std::printf("  world-1 overhead, interleaved: fused / bare engine = %.4f (median of %zu rounds of %d calls "
+              "each; rounds %.4f..%.4f)\n", median(ratios), ratios.size(), iters, *lo, *hi);
+}
+
 template <class Fn>
 double time_per_call_ms(tlc::World& world, const char* op, int warmup, int iters, Fn&& enqueue) {
   for (int i = 0; i < warmup; ++i) enqueue();
@@ -308,6 +332,8 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   const double t_comm = time_per_call_ms(world, "ag_gemm(comm)", warmup, iters, [&] { op.run_comm_only(buf.a); });
   const double t_gemm = time_per_call_ms(world, "ag_gemm(gemm)", warmup, iters, [&] { op.run_gemm_only(buf.b, buf.c); });
   const double t_fused = time_per_call_ms(world, "ag_gemm", warmup, iters, [&] { op.run(buf.a, buf.b, buf.c); });
+  print_world1_overhead(world, "ag_gemm", iters, [&] { op.run_gemm_only(buf.b, buf.c); },
+                        [&] { op.run(buf.a, buf.b, buf.c); });
   if (printer(world)) {
     std::printf("  bench: baseline %.3f ms, comm %.3f ms, gemm %.3f ms, fused %.3f ms\n", t_base, t_comm, t_gemm, t_fused);
     std::fflush(stdout);
@@ -417,6 +443,8 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   const double t_gemm = time_per_call_ms(world, "gemm_rs(gemm)", warmup, iters, [&] { op.run_gemm_only(buf.a, buf.b); });
   const double t_comm = time_per_call_ms(world, "gemm_rs(reduce)", warmup, iters, [&] { op.run_reduce_only(buf.c); });
   const double t_fused = time_per_call_ms(world, "gemm_rs", warmup, iters, [&] { op.run(buf.a, buf.b, buf.c); });
+  print_world1_overhead(world, "gemm_rs", iters, [&] { op.run_gemm_only(buf.a, buf.b); },
+                        [&] { op.run(buf.a, buf.b, buf.c); });
   if (printer(world)) {
     std::printf("  bench: baseline %.3f ms, gemm %.3f ms, reduce %.3f ms, fused %.3f ms\n", t_base, t_gemm, t_comm, t_fused);
     std::fflush(stdout);
