@@ -50,13 +50,16 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
   }
   const double t_gemm_all = flops / (m.gemm_tflops * 1e12) * 1e6;
   const double t_gemm_fused = t_gemm_all * m.sms / m.gemm_sms;
-  const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6 + comm_tiles * m.comm_tile_us;
+  // The baseline's collective moves the bytes in one go; the fused comm program pays per tile too.
+  const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
+  const double t_comm_tiled = t_comm + comm_tiles * m.comm_tile_us;
   c.unfused_us = t_gemm_all + t_comm;
-  c.fused_us = std::max(t_gemm_fused, t_comm) + m.fused_overhead_us;
+  c.fused_us = std::max(t_gemm_fused, t_comm_tiled) + m.fused_overhead_us;
   c.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
   std::ostringstream os;
   os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (gemm "
-     << t_gemm_all << " us on all SMs, comm " << t_comm << " us)";
+     << t_gemm_all << " us on all SMs, comm " << t_comm << " us, " << t_comm_tiled << " us in "
+     << comm_tiles << " tiles)";
   c.why = os.str();
   return c;
 }

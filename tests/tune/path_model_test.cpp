@@ -58,6 +58,38 @@ TEST(PathModel, CommBytesFollowThePlans) {
   EXPECT_DOUBLE_EQ(gemm_rs_comm_bytes(rs), 28.0 * 48 * 4 * 2);  // its rows, from 2 peers
 }
 
+// The measured two-GPU rows (bench/notes/fused_ops_cuda.md, world 2 on two H200s): with the
+// calibrated model, `auto` must not pick the fused path where it measured slower.
+TEST(PathModel, MeasuredTwoGpuRowsStayUnfused) {
+  MachineModel m = links(132, 0);
+  m.gemm_sms = 132;  // separate GPUs: the GEMM keeps every SM (peer copies run on the copy engine)
+  // AG+GEMM 8192x14336x4096 at world 2: rank 0 receives 4096 rows of K = 4096 in 4 tiles of 1024
+  // rows; measured fused 0.790-0.807 ms vs cuBLAS+NCCL 0.765-0.775 ms.
+  const double flops = 2.0 * 8192 * 7168 * 4096, bytes = 4096.0 * 4096 * 2;
+  EXPECT_EQ(choose_path(flops, bytes, m, OpPath::kAuto, 4).path, OpPath::kUnfused);
+  // The same with 64-row tiles (64 of them): measured fused 1.568 ms, twice the baseline.
+  PathChoice many = choose_path(flops, bytes, m, OpPath::kAuto, 64);
+  EXPECT_EQ(many.path, OpPath::kUnfused) << many.why;
+  // The per-tile cost is the fused comm program's alone (the baseline's collective moves it in one go).
+  const PathChoice few = choose_path(flops, bytes, m, OpPath::kAuto, 4);
+  EXPECT_GT(many.fused_us, few.fused_us);
+  EXPECT_DOUBLE_EQ(many.unfused_us, few.unfused_us);
+}
+
+TEST(PathModel, CommTilesFollowThePlan) {
+  RowPartition rows = RowPartition::from_counts(std::vector<int64_t>{100, 0, 28});
+  AgGemmConfig cfg;
+  cfg.comm_tile_rows = 16;
+  MachineModel m = links(132, 0);
+  m.gemm_sms = 132;
+  m.link_gbps = 1e9;  // bytes cost nothing: the tile term alone
+  m.gemm_tflops = 1e9;
+  m.fused_overhead_us = 0;
+  AgGemmPlan ag = AgGemmPlan::make(0, rows, 64, 32, DType::kBF16, cfg);
+  // rank 0 pulls the 28 rows of rank 2: 2 tiles of 16 rows.
+  EXPECT_NEAR(choose_path(ag, m, OpPath::kAuto).fused_us, 2 * m.comm_tile_us, 1e-3);
+}
+
 TEST(PathModel, RefusesBadModels) {
   MachineModel m = links();
   m.gemm_sms = 0;

@@ -1,8 +1,8 @@
 // The fused-or-unfused choice of an overlapped op: a visible cost model, so that `auto` never picks
 // the fused path where overlap cannot win. Pure host code (no CUDA), tested on the CPU.
 //
-//   unfused = T_gemm(all SMs) + T_comm                  (one after the other)
-//   fused   = max(T_gemm(the GEMM's SMs), T_comm) + a per-call overhead
+//   unfused = T_gemm(all SMs) + T_comm                  (one after the other, one collective)
+//   fused   = max(T_gemm(the GEMM's SMs), T_comm + tiles * comm_tile_us) + a per-call overhead
 //   T_gemm  = 2*M*N*K / (rate * gemm_sms / sms)         T_comm = bytes moved / link bandwidth
 // fused is chosen when it is predicted at least `margin` faster. When the ranks share one GPU
 // (virtual transport) the communication is a same-GPU copy that competes with the GEMM for the same
@@ -32,7 +32,7 @@ struct MachineModel {
   // pick the fused path there, 0.95x of cuBLAS+NCCL.
   double fused_overhead_us = 150;
   double margin = 0.05;          // fused must be predicted this much faster
-  // Per communication tile on the critical path of the copy-engine program (a stream wait on a
+  // Per communication tile on the critical path of the fused copy-engine program (a stream wait on a
   // peer's signal, the copy, the notify). Measured on two H200s: 64 remote tiles of 64 rows took
   // 1.667 ms at 8192x11008x4096, world 2 (26 us a tile; bench/notes/fused_ops_cuda.md).
   double comm_tile_us = 25;
