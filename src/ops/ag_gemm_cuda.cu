@@ -74,9 +74,6 @@ struct AgGemmWaitHooks {
 
 }  // namespace
 
-// Unverified path (see the NOTE in the constructor); flip to debug it on a GPU.
-constexpr bool kAllowSmComm = true;
-
 AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t>& n_per_rank,
                int64_t k, DType dtype, const AgGemmConfig& config)
     : world_(world) {
@@ -87,13 +84,6 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
              "ag_gemm: " << n_per_rank.size() << " N_r values for a world of " << W);
   TL_REQUIRE(dtype == DType::kBF16, "ag_gemm on the CUDA backend takes bf16, got " << dtype_name(dtype));
   TL_REQUIRE(config.comm_workers >= 0, "ag_gemm: comm_workers must be >= 0, got " << config.comm_workers);
-  // NOTE: the SM-driven comm program co-running with the GEMM (comm_workers > 0) timed out on the
-  // H200 (the GEMM waited for a tile the comm kernel never announced; bench/notes/fused_ops_cuda.md).
-  // Refused until that is understood; the copy-engine program is the one verified.
-  TL_REQUIRE(config.comm_workers == 0 || kAllowSmComm,
-             "ag_gemm on the CUDA backend: SM-driven comm (comm_workers = " << config.comm_workers
-                 << ") is not verified yet (it timed out on the H200); use comm_workers = 0, the "
-                    "copy engine");
   TL_REQUIRE(k % 8 == 0, "ag_gemm: K must be a multiple of 8 (16-byte rows), got " << k);
   for (int r : world.local_ranks())
     TL_REQUIRE(config.compute_workers >= 0 &&
@@ -124,7 +114,6 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
                            plans_[r].gemm.tiles_n(), Epoch{0}};  // epoch 0: every wait passes
   });
   detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
-  prepare_comm_kernels(world);
 }
 
 AgGemm::~AgGemm() = default;
@@ -215,26 +204,11 @@ void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
 
 void AgGemm::enqueue_gemm(int r, const void* a, const void* b, void* c, bool hooks) {
   const AgGemmPlan& p = plans_[r];
-  compute::sm90::GemmArgs args;
-  args.a = a;
-  args.b = b;
-  args.c = c;
-  args.m = p.m();
-  args.n = p.n;
-  args.k = p.k;
-  args.in_type = DType::kBF16;
-  args.out_type = DType::kBF16;
-  args.num_sms = gemm_sms(r);
-  args.start_m = p.compute_order.start_m;
-  args.group_m = p.compute_order.group_m;
-  if (!hooks) {
-    compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, compute::sm90::NoHooks{},
-                                                                   lanes_->gemm_stream(r));
-    return;
-  }
+  const compute::sm90::GemmArgs args = detail::engine_args(p, a, b, c, gemm_sms(r));
+  if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
   AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
                        p.gemm.tiles_n(), epochs_->epoch(r, 1)};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, wait, lanes_->gemm_stream(r));
+  detail::launch_engine(args, wait, lanes_->gemm_stream(r));
 }
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -243,10 +217,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
   if (world_.size() == 1) {  // nothing to gather: the engine alone, on A itself
     const int r = world_.local_ranks().front();
     world_.bind(r);
-    lanes_->fork(r);
-    enqueue_gemm(r, a[r], b[r], c[r], false);
-    lanes_->join_record(r);
-    lanes_->join_wait(r);
+    lanes_->on_gemm_stream(r, [&] { enqueue_gemm(r, a[r], b[r], c[r], false); });
     return;
   }
   epochs_->begin(1);
@@ -310,10 +281,9 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<
   TL_REQUIRE(epochs_->started(), "ag_gemm: run_gemm_only needs a comm run first");
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    lanes_->fork(r);
-    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], world_.size() > 1);
-    lanes_->join_record(r);
-    lanes_->join_wait(r);
+    lanes_->on_gemm_stream(r, [&] {
+      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], world_.size() > 1);
+    });
   }
 }
 

@@ -94,7 +94,6 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
     return GemmRsNotifyHooks{ws_.view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
   });
   detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
-  prepare_comm_kernels(world);
 }
 
 GemmRs::~GemmRs() = default;
@@ -121,25 +120,10 @@ void GemmRs::check_args(const std::vector<const void*>& a, const std::vector<con
 
 void GemmRs::enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks) {
   const GemmRsPlan& p = plans_[r];
-  compute::sm90::GemmArgs args;
-  args.a = a;
-  args.b = b;
-  args.c = out;
-  args.m = p.m();
-  args.n = p.n;
-  args.k = p.k;
-  args.in_type = DType::kBF16;
-  args.out_type = DType::kBF16;
-  args.num_sms = gemm_sms(r);
-  args.start_m = p.compute_order.start_m;
-  args.group_m = p.compute_order.group_m;
-  if (!hooks) {
-    compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, compute::sm90::NoHooks{},
-                                                                   lanes_->gemm_stream(r));
-    return;
-  }
+  const compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
+  if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
   GemmRsNotifyHooks notify{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epochs_->epoch(r, 1)};
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, notify, lanes_->gemm_stream(r));
+  detail::launch_engine(args, notify, lanes_->gemm_stream(r));
 }
 
 void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -148,10 +132,7 @@ void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void
   if (world_.size() == 1) {  // nothing to reduce: the engine alone, into C
     const int r = world_.local_ranks().front();
     world_.bind(r);
-    lanes_->fork(r);
-    enqueue_gemm(r, a[r], b[r], c[r], false);
-    lanes_->join_record(r);
-    lanes_->join_wait(r);
+    lanes_->on_gemm_stream(r, [&] { enqueue_gemm(r, a[r], b[r], c[r], false); });
     return;
   }
   epochs_->begin(1);
@@ -186,10 +167,9 @@ void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<
   epochs_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    lanes_->fork(r);
-    enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), world_.size() > 1);
-    lanes_->join_record(r);
-    lanes_->join_wait(r);
+    lanes_->on_gemm_stream(r, [&] {
+      enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), world_.size() > 1);
+    });
   }
 }
 

@@ -108,6 +108,14 @@ class RankLanes {
   }
   void join_record(int r) { TL_CUDA_CHECK(cudaEventRecord(join_[r], gemm_[r])); }
   void join_wait(int r) { TL_CUDA_CHECK(cudaStreamWaitEvent(world_.stream(r), join_[r])); }
+  // fork, `enqueue` (work on the gemm stream), join: the work ends on the rank's stream.
+  template <class Fn>
+  void on_gemm_stream(int r, Fn&& enqueue) {
+    fork(r);
+    enqueue();
+    join_record(r);
+    join_wait(r);
+  }
 
   // ---- the NCCL baseline ----------------------------------------------------------------------
   bool nccl() const { return baseline_ == BaselineComm::kNccl; }

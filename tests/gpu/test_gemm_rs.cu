@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/ops/gemm_rs_cuda.hpp"
@@ -17,12 +18,7 @@ namespace tlc = tilelink::cuda;  // NOTE: plain `cuda::` would be ambiguous with
 
 namespace {
 
-std::vector<BF16> random_bf16(int64_t count, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<BF16> v(static_cast<size_t>(count));
-  for (auto& x : v) x = float_to_bf16(u(rng));
-  return v;
-}
+using test::random_bf16;
 
 struct Case {
   int world;

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/ops/ag_gemm_cuda.hpp"
@@ -25,12 +26,7 @@ namespace {
 constexpr int kLongRun = 10000;
 constexpr int kSyncEvery = 500;  // bounds the world's notes of stream waits; not a reset
 
-std::vector<BF16> random_bf16(int64_t count, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<BF16> v(static_cast<size_t>(count));
-  for (auto& x : v) x = float_to_bf16(u(rng));
-  return v;
-}
+using test::random_bf16;
 
 // One graph per local rank, captured from world.stream(r) around `call`.
 class RankGraphs {

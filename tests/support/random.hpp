@@ -85,6 +85,14 @@ class Rng {
   std::mt19937_64 gen_;
 };
 
+// `count` bf16 values uniform in [-1, 1] from `gen`.
+inline std::vector<BF16> random_bf16(int64_t count, std::mt19937_64& gen) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<BF16> v(static_cast<size_t>(count));
+  for (auto& x : v) x = float_to_bf16(u(gen));
+  return v;
+}
+
 // 0xFF bytes: NaN in fp32, bf16 and fp16, and an obviously wrong byte pattern otherwise.
 inline void poison(void* p, size_t bytes) { std::memset(p, 0xFF, bytes); }
 inline void poison(std::vector<std::byte>& v) { poison(v.data(), v.size()); }

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #if defined(TILELINK_HAS_MPI)
@@ -235,6 +236,52 @@ bool report_check(const tlc::World& world, const OpProblem& p, const std::string
   return all_ranks(world, ok);
 }
 
+// A timed piece of a call (bench): its label on the bench line, and its enqueue.
+struct TimedPart {
+  const char* label;
+  std::function<void()> enqueue;
+};
+
+// The rest of one shape, the same for both ops: the check's verdict, the path choice, and (bench)
+// one row: the baseline, the two parts alone in the order given (`comm` is the index of the
+// communication part; the other is the GEMM alone, also the world-1 overhead's bare engine), the
+// fused op. False when the check fails.
+template <class Op>
+bool finish_shape(tlc::World& world, const char* name, const OpProblem& p, Op& op, const std::string& baseline,
+                  bool ok, bool bench, int warmup, int iters, std::vector<BenchRow>* rows,
+                  const std::function<void()>& unfused, const TimedPart (&parts)[2], int comm,
+                  const std::function<void()>& fused) {
+  const PathChoice choice = op.choose(p.path);
+  if (printer(world)) {
+    std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path), choice.why.c_str());
+    std::fflush(stdout);
+  }
+  if (!ok || !bench) return ok;
+
+  // Bench: baseline, the parts alone, fused; all in this run.
+  const std::string n(name);
+  const double t_base = time_per_call_ms(world, (n + "(unfused)").c_str(), warmup, iters, unfused);
+  if (p.baseline_only) {
+    if (printer(world)) std::printf("  bench: baseline %.3f ms (baseline only)\n", t_base), std::fflush(stdout);
+    rows->push_back({name, tlc::transport_name(world.transport()), baseline, world.size(), p, t_base, NAN, NAN, NAN,
+                     choice.path});
+    return true;
+  }
+  double t_part[2];
+  for (int i = 0; i < 2; ++i)
+    t_part[i] = time_per_call_ms(world, (n + "(" + parts[i].label + ")").c_str(), warmup, iters, parts[i].enqueue);
+  const double t_fused = time_per_call_ms(world, name, warmup, iters, fused);
+  print_world1_overhead(world, name, iters, parts[1 - comm].enqueue, fused);
+  if (printer(world)) {
+    std::printf("  bench: baseline %.3f ms, %s %.3f ms, %s %.3f ms, fused %.3f ms\n", t_base, parts[0].label,
+                t_part[0], parts[1].label, t_part[1], t_fused);
+    std::fflush(stdout);
+  }
+  rows->push_back({name, tlc::transport_name(world.transport()), baseline, world.size(), p, t_base, t_part[comm],
+                   t_part[1 - comm], t_fused, choice.path});
+  return true;
+}
+
 // One AG+GEMM shape on `world`: check, then (bench) time. False when the check fails.
 bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& baseline, bool bench, int warmup,
                    int iters, std::vector<BenchRow>* rows) {
@@ -315,32 +362,10 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
                 cfg.comm_tile_rows, p.comm_tile_auto ? " (auto)" : "", baseline.c_str());
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
-  const PathChoice choice = op.choose(p.path);
-  if (printer(world)) {
-    std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path), choice.why.c_str());
-    std::fflush(stdout);
-  }
-  if (!ok || !bench) return ok;
-
-  // Bench: baseline, the parts alone, fused; all in this run.
-  const double t_base = time_per_call_ms(world, "ag_gemm(unfused)", warmup, iters, [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); });
-  if (p.baseline_only) {
-    if (printer(world)) std::printf("  bench: baseline %.3f ms (baseline only)\n", t_base), std::fflush(stdout);
-    rows->push_back({"ag_gemm", tlc::transport_name(world.transport()), baseline, W, p, t_base, NAN, NAN, NAN, choice.path});
-    return true;
-  }
-  const double t_comm = time_per_call_ms(world, "ag_gemm(comm)", warmup, iters, [&] { op.run_comm_only(buf.a); });
-  const double t_gemm = time_per_call_ms(world, "ag_gemm(gemm)", warmup, iters, [&] { op.run_gemm_only(buf.b, buf.c); });
-  const double t_fused = time_per_call_ms(world, "ag_gemm", warmup, iters, [&] { op.run(buf.a, buf.b, buf.c); });
-  print_world1_overhead(world, "ag_gemm", iters, [&] { op.run_gemm_only(buf.b, buf.c); },
-                        [&] { op.run(buf.a, buf.b, buf.c); });
-  if (printer(world)) {
-    std::printf("  bench: baseline %.3f ms, comm %.3f ms, gemm %.3f ms, fused %.3f ms\n", t_base, t_comm, t_gemm, t_fused);
-    std::fflush(stdout);
-  }
-  rows->push_back({"ag_gemm", tlc::transport_name(world.transport()), baseline, W, p, t_base, t_comm, t_gemm,
-                   t_fused, choice.path});
-  return true;
+  return finish_shape(world, "ag_gemm", p, op, baseline, ok, bench, warmup, iters, rows,
+                      [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); },
+                      {{"comm", [&] { op.run_comm_only(buf.a); }}, {"gemm", [&] { op.run_gemm_only(buf.b, buf.c); }}},
+                      0, [&] { op.run(buf.a, buf.b, buf.c); });
 }
 
 // One GEMM+RS shape on `world`: check, then (bench) time. False when the check fails.
@@ -427,31 +452,11 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
                 baseline.c_str());
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
-  const PathChoice choice = op.choose(p.path);
-  if (printer(world)) {
-    std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path), choice.why.c_str());
-    std::fflush(stdout);
-  }
-  if (!ok || !bench) return ok;
-
-  const double t_base = time_per_call_ms(world, "gemm_rs(unfused)", warmup, iters, [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); });
-  if (p.baseline_only) {
-    if (printer(world)) std::printf("  bench: baseline %.3f ms (baseline only)\n", t_base), std::fflush(stdout);
-    rows->push_back({"gemm_rs", tlc::transport_name(world.transport()), baseline, W, p, t_base, NAN, NAN, NAN, choice.path});
-    return true;
-  }
-  const double t_gemm = time_per_call_ms(world, "gemm_rs(gemm)", warmup, iters, [&] { op.run_gemm_only(buf.a, buf.b); });
-  const double t_comm = time_per_call_ms(world, "gemm_rs(reduce)", warmup, iters, [&] { op.run_reduce_only(buf.c); });
-  const double t_fused = time_per_call_ms(world, "gemm_rs", warmup, iters, [&] { op.run(buf.a, buf.b, buf.c); });
-  print_world1_overhead(world, "gemm_rs", iters, [&] { op.run_gemm_only(buf.a, buf.b); },
-                        [&] { op.run(buf.a, buf.b, buf.c); });
-  if (printer(world)) {
-    std::printf("  bench: baseline %.3f ms, gemm %.3f ms, reduce %.3f ms, fused %.3f ms\n", t_base, t_gemm, t_comm, t_fused);
-    std::fflush(stdout);
-  }
-  rows->push_back({"gemm_rs", tlc::transport_name(world.transport()), baseline, W, p, t_base, t_comm, t_gemm,
-                   t_fused, choice.path});
-  return true;
+  // NOTE: the GEMM part first: the reduce alone needs the tile_done signals it sets.
+  return finish_shape(world, "gemm_rs", p, op, baseline, ok, bench, warmup, iters, rows,
+                      [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); },
+                      {{"gemm", [&] { op.run_gemm_only(buf.a, buf.b); }}, {"reduce", [&] { op.run_reduce_only(buf.c); }}},
+                      1, [&] { op.run(buf.a, buf.b, buf.c); });
 }
 
 using ShapeFn = bool (*)(tlc::World&, const OpProblem&, const std::string&, bool, int, int, std::vector<BenchRow>*);

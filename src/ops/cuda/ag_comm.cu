@@ -149,18 +149,6 @@ void launch_ce(World& world, const AgGemmPlan& p, const SymmetricView& heap, con
 
 }  // namespace
 
-void prepare_comm_kernels(World& world) {
-  const void* bulk[] = {reinterpret_cast<const void*>(ag_pull_kernel<Scope::kGpu, true>),
-                        reinterpret_cast<const void*>(ag_pull_kernel<Scope::kSystem, true>),
-                        reinterpret_cast<const void*>(ag_push_kernel<Scope::kGpu, true>),
-                        reinterpret_cast<const void*>(ag_push_kernel<Scope::kSystem, true>)};
-  for (int r : world.local_ranks()) {
-    world.bind(r);
-    for (const void* k : bulk)
-      TL_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBulkSmem)));
-  }
-}
-
 const char* copy_method_name(CopyMethod m) {
   switch (m) {
     case CopyMethod::kVector: return "vector";

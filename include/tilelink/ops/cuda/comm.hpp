@@ -42,12 +42,6 @@ struct CommLaunch {
 void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap, const void* a,
                     Epoch epoch, const CommLaunch& how);
 
-// Sets the comm kernels' launch attributes (shared memory) in every local context. Call it before
-// any kernel of the world spins (the fused ops do, when made): on the H200 the first
-// cudaFuncSetAttribute of a kernel in a context waited for the kernels running there, so made at
-// launch beside a spinning kernel it deadlocked. Launches set the same values again (no-ops).
-void prepare_comm_kernels(World& world);
-
 // ReduceScatter half of GEMM+RS on rank p.rank: each reduce tile of its segment, once the gemm
 // tiles covering it are done on every source rank (pull: tile_done of each source; push: staged
 // here), summed over sources in rank order 0..W-1 in fp32, rounded once. c = C_r [M_r, N].
