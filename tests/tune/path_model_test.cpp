@@ -50,6 +50,24 @@ TEST(PathModel, ChoiceAgreesWithItsOwnPredictions) {
     }
 }
 
+TEST(PathModel, OneRankIsTheBareEngine) {
+  // world 1: the fused op is the engine alone, so auto takes it on any machine model, shared GPU too.
+  RowPartition rows = RowPartition::from_counts(std::vector<int64_t>{8192});
+  AgGemmPlan ag = AgGemmPlan::make(0, rows, 4096, 1536, DType::kBF16, AgGemmConfig{});
+  GemmRsPlan rs = GemmRsPlan::make(0, rows, 4096, 1536, DType::kBF16, GemmRsConfig{});
+  MachineModel shared = links();
+  shared.ranks_share_gpu = true;
+  for (const MachineModel& m : {links(), shared}) {
+    EXPECT_EQ(choose_path(ag, m, OpPath::kAuto).path, OpPath::kFused);
+    EXPECT_EQ(choose_path(rs, m, OpPath::kAuto).path, OpPath::kFused);
+    EXPECT_EQ(choose_path(ag, m, OpPath::kUnfused).path, OpPath::kUnfused);  // forcing still wins
+  }
+  // Two ranks are not one: the model decides again.
+  RowPartition two = RowPartition::from_counts(std::vector<int64_t>{4096, 4096});
+  EXPECT_EQ(choose_path(AgGemmPlan::make(0, two, 4096, 1536, DType::kBF16, AgGemmConfig{}), shared, OpPath::kAuto).path,
+            OpPath::kUnfused);
+}
+
 TEST(PathModel, CommBytesFollowThePlans) {
   RowPartition rows = RowPartition::from_counts(std::vector<int64_t>{100, 0, 28});
   AgGemmPlan ag = AgGemmPlan::make(0, rows, 64, 32, DType::kBF16, AgGemmConfig{});

@@ -110,8 +110,10 @@ std::string describe(const OpProblem& p) {
   for (int r = 0; r < p.world; ++r) os << " " << p.rows.size(r);
   os << (p.op == "ag_gemm" ? "\n  N split:" : "\n  K split:");
   for (int64_t s : p.split) os << " " << s;
-  os << "\n  comm tile rows=" << p.comm_tile << " gemm tile=" << p.tile_m << "x" << p.tile_n
-     << " comm workers=" << p.comm_workers << " compute workers=" << p.compute_workers;
+  // NOTE: the CUDA ops print their own configuration (engine tile, SMs, comm tiles) once made.
+  if (p.backend != "cuda")
+    os << "\n  comm tile rows=" << p.comm_tile << " gemm tile=" << p.tile_m << "x" << p.tile_n
+       << " comm workers=" << p.comm_workers << " compute workers=" << p.compute_workers;
   return os.str();
 }
 

@@ -7,6 +7,8 @@
 // fused is chosen when it is predicted at least `margin` faster. When the ranks share one GPU
 // (virtual transport) the communication is a same-GPU copy that competes with the GEMM for the same
 // SMs and memory: measured slower fused at every shape (bench/notes/fused_ops_cuda.md), so unfused.
+// With one rank the plan overloads take the fused path: it is the bare engine (nothing to overlap,
+// nothing to pay), while the baseline still runs a one-rank collective.
 #pragma once
 
 #include <string>
