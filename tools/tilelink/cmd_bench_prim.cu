@@ -112,6 +112,64 @@ __global__ void bw_bulk(DeviceContext ctx, Copy2D all, bool push, BulkShape shap
   else tile_pull_data(ctx, 1, c, pipe);
 }
 
+// Diagnostics of the bulk (TMA) path alone, per pipe: loads into shared memory that nothing stores
+// (bytes read), or stores from shared memory that nothing loaded (bytes written, up to `stages` bulk
+// groups in flight). Do the bulk engine's own reads or writes go faster than the vector rows'?
+__device__ void bulk_spin_fail(const DeviceContext& ctx, uint64_t chunk, uint64_t t0) {
+  ::tilelink::cuda::detail::fail_wait(ctx, ctx.rank, -1, static_cast<int>(chunk), "bulk_read_only", 0, 0,
+                                      ::tilelink::cuda::detail::now_ns() - t0, 1);
+}
+
+__global__ void bw_bulk_read_only(DeviceContext ctx, Copy2D all, bool, BulkShape shape) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  if (threadIdx.x % 32 != 0) return;
+  const int pipe_id = threadIdx.x / 32;
+  const Copy2D c = slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes);
+  unsigned char* mine = smem + size_t(pipe_id) * shape.stages * shape.stage_bytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(shape.pipes) * shape.stages * shape.stage_bytes) +
+                   pipe_id * shape.stages;
+  for (int s = 0; s < shape.stages; ++s) ::cuda::ptx::mbarrier_init(&bars[s], 1);
+  ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  const char* src = static_cast<const char*>(c.src);
+  const uint64_t n = (static_cast<uint64_t>(c.row_bytes) + shape.stage_bytes - 1) / shape.stage_bytes;
+  auto wait = [&](uint64_t chunk) {
+    const uint32_t parity = static_cast<uint32_t>((chunk / shape.stages) & 1);
+    const uint64_t t0 = ::tilelink::cuda::detail::now_ns();
+    while (!::cuda::ptx::mbarrier_try_wait_parity(&bars[chunk % shape.stages], parity))
+      if (::tilelink::cuda::detail::now_ns() - t0 > ctx.timeout_ns) bulk_spin_fail(ctx, chunk, t0);
+  };
+  for (uint64_t j = 0; j < n; ++j) {
+    if (j >= static_cast<uint64_t>(shape.stages)) wait(j - shape.stages);
+    const uint64_t off = j * shape.stage_bytes;
+    const uint32_t bytes = static_cast<uint32_t>(min64(c.row_bytes - static_cast<int64_t>(off), shape.stage_bytes));
+    uint64_t* bar = &bars[j % shape.stages];
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, bar, bytes);
+    ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                               mine + (j % shape.stages) * shape.stage_bytes, src + off, bytes, bar);
+  }
+  for (uint64_t j = n > static_cast<uint64_t>(shape.stages) ? n - shape.stages : 0; j < n; ++j) wait(j);
+}
+
+__global__ void bw_bulk_write_only(DeviceContext, Copy2D all, bool, BulkShape shape) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  if (threadIdx.x % 32 != 0) return;
+  const int pipe_id = threadIdx.x / 32;
+  const Copy2D c = slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes);
+  unsigned char* mine = smem + size_t(pipe_id) * shape.stages * shape.stage_bytes;
+  char* dst = static_cast<char*>(c.dst);
+  const uint64_t n = (static_cast<uint64_t>(c.row_bytes) + shape.stage_bytes - 1) / shape.stage_bytes;
+  for (uint64_t j = 0; j < n; ++j) {
+    const uint64_t off = j * shape.stage_bytes;
+    const uint32_t bytes = static_cast<uint32_t>(min64(c.row_bytes - static_cast<int64_t>(off), shape.stage_bytes));
+    ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, dst + off,
+                               mine + (j % shape.stages) * shape.stage_bytes, bytes);
+    ::cuda::ptx::cp_async_bulk_commit_group();
+    ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<4>{});  // at most 5 groups in flight
+  }
+  ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+}
+
 using VecDefault = ::tilelink::cuda::detail::VectorTuning<>;        // what the primitives use: 8 in flight
 using VecShallow = ::tilelink::cuda::detail::VectorTuning<4>;       // half the depth
 using VecDeep = ::tilelink::cuda::detail::VectorTuning<16>;         // twice the depth (512 threads: the registers)
@@ -119,7 +177,8 @@ using VecNoL1 = ::tilelink::cuda::detail::VectorTuning<8, true>;    // loads not
 
 TL_REGISTER_KERNELS(pingpong<Scope::kBlock>, pingpong<Scope::kGpu>, pingpong<Scope::kSystem>,
                     bw_vector<VecDefault, 1024>, bw_vector<VecShallow, 1024>, bw_vector<VecDeep, 512>,
-                    bw_vector<VecNoL1, 1024>, bw_read_only, bw_write_only, bw_bulk);
+                    bw_vector<VecNoL1, 1024>, bw_read_only, bw_write_only, bw_bulk, bw_bulk_read_only,
+                    bw_bulk_write_only);
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -150,14 +209,16 @@ double time_ms(cudaStream_t stream, World& w, int reps, Fn fn) {
 }
 
 using VecKernel = void (*)(DeviceContext, Copy2D, bool);
+using BulkKernel = void (*)(DeviceContext, Copy2D, bool, BulkShape);
 
 // One row of a bandwidth table: a kernel (vector-style, or bulk when null) at 1..max_sms SMs.
 struct Method {
   std::string name;
-  VecKernel vec;  // nullptr: the bulk kernel
+  VecKernel vec;  // nullptr: a bulk kernel (`bulk`)
   bool push;      // pull: remote -> local; push: local -> remote
   int threads;    // vector-style kernels
   enum Traffic { kCopy, kReadOnly, kWriteOnly } traffic = kCopy;
+  BulkKernel bulk = bw_bulk;
   std::vector<double> gbps;
 };
 
@@ -171,8 +232,9 @@ struct BenchSetup {
 // Raises the dynamic shared memory limit of every kernel of the table in the current context
 // (NOTE: per context: each green context loads its own copy of the kernel).
 void set_smem_limits(const BenchSetup& b, const std::vector<Method>& methods) {
-  TL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(bw_bulk),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(b.shape.smem())));
+  for (BulkKernel k : {bw_bulk, bw_bulk_read_only, bw_bulk_write_only})
+    TL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(k), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(b.shape.smem())));
   for (const Method& m : methods)
     if (m.vec)
       TL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(m.vec),
@@ -194,7 +256,7 @@ void measure_sm_methods(World& w, const BenchSetup& b, std::byte* local, std::by
       double ms = time_ms(s0, w, b.reps, [&] {
         // NOTE: the vector kernels' unused shared memory keeps one block per SM, so the grid is the
         // SM count; the bulk kernel's too while shape.smem() > half an SM's (the default shape).
-        if (!m.vec) bw_bulk<<<n, 32 * b.shape.pipes, b.shape.smem(), s0>>>(ctx, all, m.push, b.shape);
+        if (!m.vec) m.bulk<<<n, 32 * b.shape.pipes, b.shape.smem(), s0>>>(ctx, all, m.push, b.shape);
         else m.vec<<<n, m.threads, kOneBlockPerSmSmem, s0>>>(ctx, all, m.push);
         TL_CUDA_CHECK(cudaGetLastError());
       });
@@ -266,6 +328,8 @@ std::vector<Method> table_methods(int vec_threads, bool diagnostics) {
     m.push_back({"vector pull, no L1 alloc", bw_vector<VecNoL1, 1024>, false, vec_threads});
     m.push_back({"read only (bytes read)", bw_read_only, false, vec_threads, Method::kReadOnly});
     m.push_back({"write only (bytes written)", bw_write_only, true, vec_threads, Method::kWriteOnly});
+    m.push_back({"bulk read only (bytes read)", nullptr, false, 0, Method::kReadOnly, bw_bulk_read_only});
+    m.push_back({"bulk write only (bytes written)", nullptr, true, 0, Method::kWriteOnly, bw_bulk_write_only});
   }
   return m;
 }
