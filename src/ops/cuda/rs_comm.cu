@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "launch.hpp"
 #include "tilelink/backend/cuda/prim.cuh"
@@ -53,24 +54,98 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
   bool vec = cols % kVec == 0 && out_ld % kVec == 0 && src.ld % kVec == 0 &&
              reinterpret_cast<uintptr_t>(out_b) % 16 == 0;
   for (int s = 0; s < world; ++s) vec = vec && reinterpret_cast<uintptr_t>(src.base[s]) % 16 == 0;
-  if (vec) {
-    const int64_t per_row = cols / kVec, total = rows * per_row;
-    for (int64_t v = block.index(); v < total; v += block.size()) {
-      const int64_t i = v / per_row, j = (v - i * per_row) * kVec;
-      float acc[kVec];
+  const int64_t vec_total = rows * (cols / kVec);
+  if (vec && world <= 2 && vec_total <= INT32_MAX) {
+    // Two sources (a world of two): 16 vectors a thread in flight, 32-bit indices, and no running sum
+    // held across loads, so it fits the 512-thread launch's 128 registers without spilling.
+    constexpr int kUnroll = 8;
+    const int per_row = static_cast<int>(cols / kVec), total = static_cast<int>(vec_total);
+    const T* s0 = reinterpret_cast<const T*>(src.base[0]);
+    const T* s1 = world == 2 ? reinterpret_cast<const T*>(src.base[1]) : nullptr;
+    for (int base = block.index(); base < total; base += block.size() * kUnroll) {
+      uint4 x0[kUnroll], x1[kUnroll];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[e] = 0.f;
-      for (int s = 0; s < world; ++s) {
-        uint4 raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(src.base[s]) + i * src.ld + j);
-        const T* x = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[e] += E::load(x[e]);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = base + u * block.size();
+        const int i = v / per_row, j = (v - i * per_row) * kVec;
+        const int64_t off = i * src.ld + j;
+        x0[u] = v < total ? *reinterpret_cast<const uint4*>(s0 + off) : make_uint4(0, 0, 0, 0);
+        x1[u] = v < total && s1 ? *reinterpret_cast<const uint4*>(s1 + off) : make_uint4(0, 0, 0, 0);
       }
-      uint4 packed;
-      T* y = reinterpret_cast<T*>(&packed);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) y[e] = E::store(acc[e]);
-      *reinterpret_cast<uint4*>(out + i * out_ld + j) = packed;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = base + u * block.size();
+        if (v >= total) continue;
+        const int i = v / per_row, j = (v - i * per_row) * kVec;
+        const T* a = reinterpret_cast<const T*>(&x0[u]);
+        const T* b = reinterpret_cast<const T*>(&x1[u]);
+        uint4 packed;
+        T* y = reinterpret_cast<T*>(&packed);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          float acc = 0.f;  // NOTE: 0 + a + b in this order, as the running sum below and the CPU do
+          acc += E::load(a[e]);
+          if (s1) acc += E::load(b[e]);
+          y[e] = E::store(acc);
+        }
+        *reinterpret_cast<uint4*>(out + i * out_ld + j) = packed;
+      }
+    }
+  } else if (vec) {
+    // kUnroll vectors a thread, from two sources at a time, all loaded before any is added: 8 16-byte
+    // loads in flight per thread. One vector at a time left a peer's reads latency-bound (~30 GB/s on
+    // 8 SMs over NVLink). Sums stay in rank order, one rounding: the same bits as before.
+    constexpr int kUnroll = 4;
+    const int64_t per_row = cols / kVec, total = rows * per_row;
+    const int64_t stride = block.size();
+    for (int64_t base = block.index(); base < total; base += stride * kUnroll) {
+      int64_t row[kUnroll], col[kUnroll];
+      bool live[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = base + u * stride;
+        live[u] = v < total;
+        // NOTE: 32-bit division where it fits (a reduce tile always does): a 64-bit one per vector
+        // costs more issue slots than moving the vector.
+        row[u] = total <= INT32_MAX ? static_cast<int64_t>(static_cast<uint32_t>(v) / static_cast<uint32_t>(per_row))
+                                    : v / per_row;
+        col[u] = (v - row[u] * per_row) * kVec;
+      }
+      float acc[kUnroll][kVec];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[u][e] = 0.f;
+      auto add = [&](const uint4 (&raw)[kUnroll]) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const T* x = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[u][e] += E::load(x[e]);
+        }
+      };
+      auto load = [&](int s, uint4 (&raw)[kUnroll]) {
+        const T* from = reinterpret_cast<const T*>(src.base[s]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          raw[u] = live[u] ? *reinterpret_cast<const uint4*>(from + row[u] * src.ld + col[u]) : make_uint4(0, 0, 0, 0);
+      };
+      for (int s = 0; s < world; s += 2) {
+        uint4 r0[kUnroll], r1[kUnroll];
+        load(s, r0);
+        if (s + 1 < world) load(s + 1, r1);
+        add(r0);
+        if (s + 1 < world) add(r1);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (!live[u]) continue;
+        uint4 packed;
+        T* y = reinterpret_cast<T*>(&packed);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) y[e] = E::store(acc[u][e]);
+        *reinterpret_cast<uint4*>(out + row[u] * out_ld + col[u]) = packed;
+      }
     }
   } else {
     const int64_t total = rows * cols;
@@ -95,18 +170,19 @@ __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, con
   for (int i = first; i < p.reduce_count(); i += stride) {
     const Rect r = p.reduce_region(i);
     const TileSpan span = p.waits_for(r);
-    if (block.leader()) {
-      for (int step = 1; step <= p.world_size; ++step) {
-        const int src = peer_at(ctx.rank, step, p.world_size);
-        for (int m = span.m_begin; m < span.m_end; ++m)
-          for (int n = span.n_begin; n < span.n_end; ++n) {
-            const int t = p.gemm.linear({m, n});
-            if constexpr (kPush)
-              consumer_tile_wait<S>(ctx, heap, p.ws.staged, p.staged_slot(src, t), epoch,
-                                    WaitSite{"staged", t});
-            else
-              peer_tile_wait<S>(ctx, heap, src, p.ws.tile_done, t, epoch, WaitSite{"tile_done", t});
-          }
+    // The first warp waits, one (source, gemm tile) signal a lane: the waits' round trips (a peer's
+    // signal is an NVLink round trip) overlap instead of adding up.
+    if (block.index() < 32) {
+      const int span_m = span.m_end - span.m_begin, span_n = span.n_end - span.n_begin;
+      const int waits = p.world_size * span_m * span_n;
+      for (int w = block.index(); w < waits; w += 32) {
+        const int src = peer_at(ctx.rank, 1 + w / (span_m * span_n), p.world_size);
+        const int m = span.m_begin + (w % (span_m * span_n)) / span_n, n = span.n_begin + w % span_n;
+        const int t = p.gemm.linear({m, n});
+        if constexpr (kPush)
+          consumer_tile_wait<S>(ctx, heap, p.ws.staged, p.staged_slot(src, t), epoch, WaitSite{"staged", t});
+        else
+          peer_tile_wait<S>(ctx, heap, src, p.ws.tile_done, t, epoch, WaitSite{"tile_done", t});
       }
     }
     block.sync();
@@ -129,7 +205,7 @@ __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, con
 }
 
 template <Scope S, bool kPush>
-__global__ void rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
+__global__ void __launch_bounds__(512) rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
                                  Epoch call) {
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(), block, blockIdx.x, gridDim.x);
