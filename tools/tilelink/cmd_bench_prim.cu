@@ -170,6 +170,47 @@ __global__ void bw_bulk_write_only(DeviceContext, Copy2D all, bool, BulkShape sh
   ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
 }
 
+// Diagnostic: a copy that reads with 16-byte vector loads (the load/store unit) and writes with bulk
+// stores from shared memory (the TMA unit), so the two directions use different units. 512 threads;
+// each warp moves 4 KiB chunks (8 vectors a lane) through two 4 KiB shared-memory stages of its own.
+constexpr int kHybridThreads = 512;
+constexpr int kHybridChunk = 32 * 8 * 16;
+constexpr size_t kHybridSmem = size_t(kHybridThreads / 32) * 2 * kHybridChunk;
+
+__global__ void __launch_bounds__(kHybridThreads, 1) bw_hybrid(DeviceContext, Copy2D all, bool) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Copy2D c = slice_of(all, blockIdx.x, gridDim.x);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  unsigned char* stages = smem + size_t(warp) * 2 * kHybridChunk;
+  const char* src = static_cast<const char*>(c.src);
+  char* dst = static_cast<char*>(c.dst);
+  const int64_t chunks = c.row_bytes / kHybridChunk;
+  for (int64_t i = chunks * kHybridChunk / 16 + threadIdx.x; i < c.row_bytes / 16; i += blockDim.x)  // the tail
+    reinterpret_cast<uint4*>(c.dst)[i] = reinterpret_cast<const uint4*>(c.src)[i];
+  int k = 0;
+  for (int64_t ch = warp; ch < chunks; ch += warps, ++k) {
+    unsigned char* stage = stages + (k & 1) * kHybridChunk;
+    if (k >= 2) {
+      if (lane == 0) ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<1>{});
+      __syncwarp();
+    }
+    uint4 v[8];
+    const uint4* from = reinterpret_cast<const uint4*>(src + ch * kHybridChunk);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = from[u * 32 + lane];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) reinterpret_cast<uint4*>(stage)[u * 32 + lane] = v[u];
+    ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // the stores, before the bulk engine reads
+    __syncwarp();
+    if (lane == 0) {
+      ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, dst + ch * kHybridChunk,
+                                 stage, kHybridChunk);
+      ::cuda::ptx::cp_async_bulk_commit_group();
+    }
+  }
+  if (lane == 0) ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<0>{});
+}
+
 using VecDefault = ::tilelink::cuda::detail::VectorTuning<>;        // what the primitives use: 8 in flight
 using VecShallow = ::tilelink::cuda::detail::VectorTuning<4>;       // half the depth
 using VecDeep = ::tilelink::cuda::detail::VectorTuning<16>;         // twice the depth (512 threads: the registers)
@@ -178,7 +219,7 @@ using VecNoL1 = ::tilelink::cuda::detail::VectorTuning<8, true>;    // loads not
 TL_REGISTER_KERNELS(pingpong<Scope::kBlock>, pingpong<Scope::kGpu>, pingpong<Scope::kSystem>,
                     bw_vector<VecDefault, 1024>, bw_vector<VecShallow, 1024>, bw_vector<VecDeep, 512>,
                     bw_vector<VecNoL1, 1024>, bw_read_only, bw_write_only, bw_bulk, bw_bulk_read_only,
-                    bw_bulk_write_only);
+                    bw_bulk_write_only, bw_hybrid);
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -239,6 +280,7 @@ void set_smem_limits(const BenchSetup& b, const std::vector<Method>& methods) {
     if (m.vec)
       TL_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(m.vec),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOneBlockPerSmSmem)));
+  static_assert(kHybridSmem <= kOneBlockPerSmSmem, "the hybrid copy's stages live in the one-block-per-SM smem");
 }
 
 // Fills m.gbps for SM counts 1..max_sms: rank 0's kernels between `local` (rank 0's) and `remote`.
@@ -328,6 +370,7 @@ std::vector<Method> table_methods(int vec_threads, bool diagnostics) {
     m.push_back({"vector pull, no L1 alloc", bw_vector<VecNoL1, 1024>, false, vec_threads});
     m.push_back({"read only (bytes read)", bw_read_only, false, vec_threads, Method::kReadOnly});
     m.push_back({"write only (bytes written)", bw_write_only, true, vec_threads, Method::kWriteOnly});
+    m.push_back({"vector loads + bulk stores", bw_hybrid, false, kHybridThreads});
     m.push_back({"bulk read only (bytes read)", nullptr, false, 0, Method::kReadOnly, bw_bulk_read_only});
     m.push_back({"bulk write only (bytes written)", nullptr, true, 0, Method::kWriteOnly, bw_bulk_write_only});
   }
