@@ -55,7 +55,7 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
              reinterpret_cast<uintptr_t>(out_b) % 16 == 0;
   for (int s = 0; s < world; ++s) vec = vec && reinterpret_cast<uintptr_t>(src.base[s]) % 16 == 0;
   const int64_t vec_total = rows * (cols / kVec);
-  if (vec && world <= 2 && vec_total <= INT32_MAX) {
+  if (vec && world <= 2 && vec_total <= INT32_MAX / 2) {  // NOTE: room for base + kUnroll * threads
     // Two sources (a world of two): 16 vectors a thread in flight, 32-bit indices, and no running sum
     // held across loads, so it fits the 512-thread launch's 128 registers without spilling.
     constexpr int kUnroll = 8;
