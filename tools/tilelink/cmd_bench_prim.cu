@@ -97,19 +97,30 @@ __global__ void bw_write_only(DeviceContext, Copy2D all, bool) {
     dst[i] = make_uint4(uint32_t(i), uint32_t(i >> 32), 1u, 2u);
 }
 
+// The calling pipe's (one warp's) part of a bulk kernel: its slice of the copy, its shared-memory
+// stages and its mbarriers (after every pipe's stages).
+struct PipeSlice {
+  Copy2D copy;
+  unsigned char* stages;
+  uint64_t* bars;
+};
+__device__ PipeSlice pipe_slice(unsigned char* smem, const Copy2D& all, const BulkShape& shape) {
+  const int pipe_id = threadIdx.x / 32;
+  return {slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes),
+          smem + size_t(pipe_id) * shape.stages * shape.stage_bytes,
+          reinterpret_cast<uint64_t*>(smem + size_t(shape.pipes) * shape.stages * shape.stage_bytes) +
+              pipe_id * shape.stages};
+}
+
 __global__ void bw_bulk(DeviceContext ctx, Copy2D all, bool push, BulkShape shape) {
   extern __shared__ __align__(128) unsigned char smem[];
   if (threadIdx.x % 32 != 0) return;
-  const int pipe_id = threadIdx.x / 32;
-  const Copy2D c = slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes);
-  unsigned char* mine = smem + size_t(pipe_id) * shape.stages * shape.stage_bytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(shape.pipes) * shape.stages * shape.stage_bytes) +
-                   pipe_id * shape.stages;
+  const PipeSlice ps = pipe_slice(smem, all, shape);
   BulkPipe pipe;
-  pipe.init(mine, bars, shape.stages, shape.stage_bytes, ctx);
+  pipe.init(ps.stages, ps.bars, shape.stages, shape.stage_bytes, ctx);
   pipe.set_prefetch(shape.prefetch);
-  if (push) tile_push_data(ctx, 1, c, pipe);
-  else tile_pull_data(ctx, 1, c, pipe);
+  if (push) tile_push_data(ctx, 1, ps.copy, pipe);
+  else tile_pull_data(ctx, 1, ps.copy, pipe);
 }
 
 // Diagnostics of the bulk (TMA) path alone, per pipe: loads into shared memory that nothing stores
@@ -123,11 +134,10 @@ __device__ void bulk_spin_fail(const DeviceContext& ctx, uint64_t chunk, uint64_
 __global__ void bw_bulk_read_only(DeviceContext ctx, Copy2D all, bool, BulkShape shape) {
   extern __shared__ __align__(128) unsigned char smem[];
   if (threadIdx.x % 32 != 0) return;
-  const int pipe_id = threadIdx.x / 32;
-  const Copy2D c = slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes);
-  unsigned char* mine = smem + size_t(pipe_id) * shape.stages * shape.stage_bytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(shape.pipes) * shape.stages * shape.stage_bytes) +
-                   pipe_id * shape.stages;
+  const PipeSlice ps = pipe_slice(smem, all, shape);
+  const Copy2D& c = ps.copy;
+  unsigned char* mine = ps.stages;
+  uint64_t* bars = ps.bars;
   for (int s = 0; s < shape.stages; ++s) ::cuda::ptx::mbarrier_init(&bars[s], 1);
   ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   const char* src = static_cast<const char*>(c.src);
@@ -154,9 +164,9 @@ __global__ void bw_bulk_read_only(DeviceContext ctx, Copy2D all, bool, BulkShape
 __global__ void bw_bulk_write_only(DeviceContext, Copy2D all, bool, BulkShape shape) {
   extern __shared__ __align__(128) unsigned char smem[];
   if (threadIdx.x % 32 != 0) return;
-  const int pipe_id = threadIdx.x / 32;
-  const Copy2D c = slice_of(all, int64_t(blockIdx.x) * shape.pipes + pipe_id, int64_t(gridDim.x) * shape.pipes);
-  unsigned char* mine = smem + size_t(pipe_id) * shape.stages * shape.stage_bytes;
+  const PipeSlice ps = pipe_slice(smem, all, shape);
+  const Copy2D& c = ps.copy;
+  unsigned char* mine = ps.stages;
   char* dst = static_cast<char*>(c.dst);
   const uint64_t n = (static_cast<uint64_t>(c.row_bytes) + shape.stage_bytes - 1) / shape.stage_bytes;
   for (uint64_t j = 0; j < n; ++j) {
