@@ -11,9 +11,9 @@
 //             notify signal
 //   wait+%    waits only (no notify stores; the engine's consumer -> notify-warp handoff remains)
 //   notif+%   notifies only (no waits)
-//   hot+%     hooks+% with the wait signals written again after the L2 flush by a small kernel, as a
-//             communication program leaves them just before the GEMM (hooks+% reads them from DRAM:
-//             the flush evicts them with everything else)
+// --hot-signals: after every flush, before every variant, a small kernel writes the wait signals again,
+// as a communication program leaves them just before the GEMM (without it the flush evicts them with
+// everything else and the first wait reads DRAM).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -116,6 +116,7 @@ int bench_gemm(Args& args) {
   const int group_m = static_cast<int>(args.get_int("--group-m", 0));
   const bool verify = !args.flag("--no-verify");
   const bool csv = args.flag("--csv");
+  const bool hot_signals = args.flag("--hot-signals");
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
@@ -127,9 +128,10 @@ int bench_gemm(Args& args) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup %d\n",
+  std::printf("# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup %d%s\n",
               prop.name, sms, l2 >> 20, sm90::kTileM, sm90::kTileN, sm90::kTileK, num_sms ? num_sms : sms,
-              std::string(dtype_name(in)).c_str(), std::string(dtype_name(out)).c_str(), reps, warmup);
+              std::string(dtype_name(in)).c_str(), std::string(dtype_name(out)).c_str(), reps, warmup,
+              hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "");
 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -149,13 +151,13 @@ int bench_gemm(Args& args) {
 
   if (csv)
     std::printf("m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
-                "wait_only_pct,notify_only_pct,hot_pct,err_engine,err_hooks,err_cublas\n");
+                "wait_only_pct,notify_only_pct,err_engine,err_hooks,err_cublas\n");
   else
-    std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s %7s | %8s %8s %8s\n", "M", "N", "K", "engine",
-                "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%", "notif+%", "hot+%", "err_eng",
-                "err_hook", "err_blas");
+    std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %8s %8s %8s\n", "M", "N", "K", "engine",
+                "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%", "notif+%", "err_eng", "err_hook",
+                "err_blas");
 
-  std::vector<double> ratios, overheads, hot_overheads, aa_abs;
+  std::vector<double> ratios, overheads, aa_abs;
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
@@ -224,7 +226,7 @@ int bench_gemm(Args& args) {
     }
 
     // ---- timing: every variant once per rep, rotated order, L2 flushed before each launch ----
-    enum { kEngine, kEngine2, kCublas, kHooks, kWaitOnly, kNotifyOnly, kHooksHot, kVariants };
+    enum { kEngine, kEngine2, kCublas, kHooks, kWaitOnly, kNotifyOnly, kVariants };
     const int variants = hooks_on ? kVariants : kCublas + 1;
     std::vector<std::vector<float>> t(kVariants);
     std::vector<int> order(variants);
@@ -235,7 +237,7 @@ int bench_gemm(Args& args) {
       for (int i = 0; i < variants; ++i) {
         const int v = order[i];
         CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
-        if (v == kHooksHot) {
+        if (hot_signals) {
           set_signals<<<1, 256, 0, stream>>>(wait_sig, grid.num_tiles(), 1);
           CK(cudaGetLastError());
         }
@@ -243,7 +245,7 @@ int bench_gemm(Args& args) {
         switch (v) {
           case kEngine: case kEngine2: run_engine(); break;
           case kCublas: run_cublas(); break;
-          case kHooks: case kHooksHot: run_hooks(); break;
+          case kHooks: run_hooks(); break;
           case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
           case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
         }
@@ -265,25 +267,22 @@ int bench_gemm(Args& args) {
     const double tf_hooks = hooks_on ? flop / (median(t[kHooks]) * 1e-3) / 1e12 : 0;
     const double ratio = tf_eng / tf_blas;
     const Paired p_hooks = paired(t[kHooks], base), p_aa = paired(t[kEngine2], base_e),
-                 p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base),
-                 p_hot = paired(t[kHooksHot], base);
+                 p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base);
     ratios.push_back(ratio);
     if (hooks_on) {
       overheads.push_back(p_hooks.median_pct);
-      hot_overheads.push_back(p_hot.median_pct);
       aa_abs.push_back(std::abs(p_aa.median_pct));
     }
     if (csv)
-      std::printf("%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e\n", (long long)m,
+      std::printf("%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e\n", (long long)m,
                   (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct, p_aa.median_pct,
-                  p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, p_hot.median_pct, err_eng, err_hooks,
-                  err_blas);
+                  p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, err_eng, err_hooks, err_blas);
     else
-      std::printf("%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f %+7.2f | "
+      std::printf("%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f | "
                   "%8.2e %8.2e %8.2e\n",
                   (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct,
-                  p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, p_hot.median_pct,
-                  err_eng, err_hooks, err_blas);
+                  p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, err_eng, err_hooks,
+                  err_blas);
     std::fflush(stdout);
     CK(cudaFree(a));
     CK(cudaFree(b));
@@ -302,8 +301,7 @@ int bench_gemm(Args& args) {
     std::sort(o.begin(), o.end());
     std::printf("; %s: median %+.2f%%, max %+.2f%%", what, o[o.size() / 2], o.back());
   };
-  med_max("hooks overhead", overheads);
-  med_max("with hot signals", hot_overheads);
+  med_max(hot_signals ? "hooks overhead (hot signals)" : "hooks overhead", overheads);
   if (!aa_abs.empty())
     std::printf("; |A/A| max %.2f%%", *std::max_element(aa_abs.begin(), aa_abs.end()));
   std::printf("; verification %s\n", verify ? (all_ok ? "PASSED" : "FAILED") : "skipped");
@@ -320,10 +318,10 @@ int bench_gemm(Args& args) {
 
 TILELINK_REGISTER_COMMAND({"bench gemm",
                            "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
-                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--no-verify] [--csv]",
+                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--no-verify] [--csv]",
                            "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
                            "against a float32 reference",
                            &bench_gemm,
-                           {"--no-verify", "--csv"}});
+                           {"--no-verify", "--csv", "--hot-signals"}});
 
 }  // namespace tilelink::cli
