@@ -122,7 +122,9 @@ int AgGemm::gemm_sms(int rank) const {
   // NOTE: measured on the H200: with the persistent GEMM holding every SM of the rank, the comm
   // program's device-to-device cudaMemcpy2DAsync never ran (the GEMM's waits timed out); with a few
   // SMs left free it did. The driver runs such copies on SMs, so compute_workers = 0 leaves
-  // kCopySpareSms of the rank's SMs to them.
+  // kCopySpareSms of the rank's SMs to them. (bench/diag/ce_probe.cu shows it on one GPU: with every
+  // thread slot of every SM held, a same-GPU cudaMemcpyAsync waits for the SMs, and so does
+  // cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute.)
   const int total = world_.sm_count(rank);
   const AgGemmConfig& cfg = plans_[rank].config;
   if (cfg.compute_workers > 0) return cfg.compute_workers;

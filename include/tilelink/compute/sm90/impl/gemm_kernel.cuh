@@ -84,50 +84,12 @@ struct TileStoredRing {
   uint64_t empty[kSlots];
 };
 
-// Wait warp -> load warp: a ring of mbarriers ("tile j's inputs may be read", "slot free again").
-struct TileReadyRing {
-  static constexpr int kSlots = 4;
-  uint64_t full[kSlots];
-  uint64_t empty[kSlots];
-};
-
-// EXPERIMENT: where the wait hook runs (0: load warp; 1: wait warp after setup; 2: wait warp, the first
-// wait before the setup barrier). Read from Hooks::kWaitMode when it has one.
-template <class H>
-constexpr int wait_mode() {
-  if constexpr (requires { H::kWaitMode; }) return H::kWaitMode;
-  else return 0;
-}
-
-// EXPERIMENT: a block's last tile notified by a consumer thread after a named barrier of the consumers.
-template <class H>
-constexpr bool last_notify_in_consumers() {
-  if constexpr (requires { H::kLastNotifyInConsumers; }) return H::kLastNotifyInConsumers;
-  else return false;
-}
-
-// EXPERIMENT: warp 0 reads every kernel parameter the walk and the hooks use at entry (their
-// constant-cache misses overlap the setup instead of following it).
-template <class H>
-constexpr bool touch_params() {
-  if constexpr (requires { H::kTouchParams; }) return H::kTouchParams;
-  else return false;
-}
-// EXPERIMENT: a block's last tile handed to the notify warp by a named barrier (bar.arrive by the
-// consumers, bar.sync by the notify warp) instead of the mbarrier ring.
-template <class H>
-constexpr bool last_notify_bar() {
-  if constexpr (requires { H::kLastNotifyBar; }) return H::kLastNotifyBar;
-  else return false;
-}
-
 template <class Cfg>
 struct SharedStorage {
   // NOTE: first, so the operand ring starts 1024-byte aligned (128-byte swizzle atoms).
   typename Cfg::Mainloop::TensorStorage tensors;
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
   alignas(16) TileStoredRing stored;
-  alignas(16) TileReadyRing ready;
   alignas(128) uint8_t epilogue_stage[Cfg::kNumMmaWarps][kStageBytesPerWarp];
 };
 
@@ -150,9 +112,9 @@ struct PersistentWalk {
   TL_HD int global(int j) const { return first + j * stride; }
 };
 
-// Timeline marks for bench/diag/gemm_timeline.cu only: a translation unit that defines TL_GEMM_TIMELINE
-// (and tl_gemm_timeline_mark) before including this header gets per-block clock stamps; everywhere else
-// the marks compile to nothing.
+// Timeline marks, for bench/diag/gemm_timeline.cu only: a translation unit that defines
+// TL_GEMM_TIMELINE (and the tl_gemm_timeline_* functions) before including this header gets per-block
+// clock stamps at the points below; everywhere else the marks compile to nothing.
 #if defined(TL_GEMM_TIMELINE)
 #define TL_GEMM_MARK(slot) tl_gemm_timeline_mark(slot)
 #define TL_GEMM_MARK_ADD(slot, v) tl_gemm_timeline_add(slot, v)
@@ -190,17 +152,6 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   const int warp_in_group = warp_idx % 4;
   const bool is_producer_group = warp_group_idx == 0;
 
-  if constexpr (touch_params<Hooks>()) {
-    if (warp_idx == 0) {
-      asm volatile("" ::"r"(p.order.tiles_m), "r"(p.order.tiles_n), "r"(p.order.start_m), "r"(p.order.group_m),
-                   "r"(p.m), "r"(p.n), "r"(p.k), "l"(p.c), "l"(p.ldc));
-      if constexpr (sizeof(Hooks) >= 8) {
-        const uint64_t* h = reinterpret_cast<const uint64_t*>(&p.hooks);
-#pragma unroll
-        for (int i = 0; i < static_cast<int>(sizeof(Hooks) / 8); ++i) asm volatile("" ::"l"(h[i]));
-      }
-    }
-  }
   if (warp_idx == 0 && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
 
   typename MainloopPipeline::Params pipe_params;
@@ -225,59 +176,9 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
 
   const TileGrid grid = gemm_tile_grid(p.m, p.n);
   const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), p.order.count()};
-  constexpr int kWaitMode = Hooks::kWaits ? wait_mode<Hooks>() : 0;
-  constexpr bool kWaitWarp = kWaitMode == 1 || kWaitMode == 2;
-  constexpr bool kEarlyWait = kWaitMode == 3;
-  constexpr bool kLastInConsumers = Hooks::kNotifies && last_notify_in_consumers<Hooks>();
-  constexpr bool kLastBar = Hooks::kNotifies && last_notify_bar<Hooks>();
-  if constexpr (requires(Hooks h, TileCoord t) { h.prefetch_first_wait(t); }) {
-    if (warp_idx == 3 && walk.num_local() > 0 && cute::elect_one_sync()) {
-      Hooks hooks = p.hooks;
-      hooks.prefetch_first_wait(p.order.at(walk.global(0)));
-    }
-  }
-  if constexpr (kWaitWarp) {
-    if (warp_idx == 2) {
-      if (cute::elect_one_sync()) {
-        for (int s = 0; s < TileReadyRing::kSlots; ++s) {
-          Barrier::init(&shared.ready.full[s], 1);
-          Barrier::init(&shared.ready.empty[s], 1);
-        }
-        cutlass::arch::fence_barrier_init();
-      }
-      __syncwarp();
-      if constexpr (kWaitMode == 2) {
-        if (walk.num_local() > 0) {
-          const TileCoord tile = p.order.at(walk.global(0));
-          Hooks hooks = p.hooks;
-          hooks.before_tile_loads(tile, grid.region(tile));
-          __syncwarp();
-          if (cute::elect_one_sync()) Barrier::arrive(&shared.ready.full[0]);
-        }
-      }
-    }
-  }
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
   // setup) measured slower, not faster (bench/notes/gemm.md, run 4): the load warp waits below.
-  if constexpr (kEarlyWait) {
-    // The load warp arrives at the setup barrier without waiting and runs the first tile's wait
-    // while the other warps finish their setup (nothing the load warp uses is set up by others).
-    if (warp_idx == 0) {
-      asm volatile("bar.arrive 0, %0;\n" ::"n"(Cfg::kNumThreads) : "memory");
-      if (cute::elect_one_sync()) TL_GEMM_MARK(1);
-      if (walk.num_local() > 0) {
-        Hooks hooks = p.hooks;
-        const TileCoord tile = p.order.at(walk.global(0));
-        hooks.before_tile_loads(tile, grid.region(tile));
-        __syncwarp();
-        fence_proxy_async_global();
-      }
-    } else {
-      asm volatile("bar.sync 0, %0;\n" ::"n"(Cfg::kNumThreads) : "memory");
-    }
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   if (threadIdx.x == 0) TL_GEMM_MARK(11);
   const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
   const auto problem_mnkl = make_shape(p.m, p.n, p.k, 1);
@@ -292,18 +193,12 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       auto gA_mkl = get<0>(load_inputs);  // (BLK_M, BLK_K, m, k, l)
       Hooks hooks = p.hooks;
       PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
-      if (!kEarlyWait && cute::elect_one_sync()) TL_GEMM_MARK(1);
+      if (cute::elect_one_sync()) TL_GEMM_MARK(1);
       for (int j = 0; j < walk.num_local(); ++j) {
         const TileCoord tile = p.order.at(walk.global(j));
         if (j == 0 && cute::elect_one_sync()) TL_GEMM_MARK(14);
         [[maybe_unused]] const long long t_wait = TL_GEMM_CLOCK();
-        if (kEarlyWait && j == 0) {
-          // waited before the setup barrier
-        } else if constexpr (kWaitWarp) {
-          Barrier::wait(&shared.ready.full[j % TileReadyRing::kSlots], (j / TileReadyRing::kSlots) & 1);
-          if (cute::elect_one_sync()) Barrier::arrive(&shared.ready.empty[j % TileReadyRing::kSlots]);
-          fence_proxy_async_global();
-        } else if constexpr (Hooks::kWaits) {
+        if constexpr (Hooks::kWaits) {
           hooks.before_tile_loads(tile, grid.region(tile));
           __syncwarp();
           // NOTE: the hook's acquire is a generic-proxy access; TMA reads through the async proxy.
@@ -321,27 +216,11 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if (cute::elect_one_sync()) TL_GEMM_MARK(12);
     }
 
-    // ---- wait warp: runs the wait hook up to kSlots tiles ahead of the load warp --------------------
-    if constexpr (kWaitWarp) {
-      if (warp_in_group == 2) {
-        Hooks hooks = p.hooks;
-        for (int j = kWaitMode == 2 ? 1 : 0; j < walk.num_local(); ++j) {
-          const int slot = j % TileReadyRing::kSlots;
-          Barrier::wait(&shared.ready.empty[slot], ((j / TileReadyRing::kSlots) & 1) ^ 1);
-          const TileCoord tile = p.order.at(walk.global(j));
-          hooks.before_tile_loads(tile, grid.region(tile));
-          __syncwarp();
-          if (cute::elect_one_sync()) Barrier::arrive(&shared.ready.full[slot]);
-        }
-      }
-    }
-
     // ---- notify warp: after every consumer thread stored tile j, run the notify hook ------------
     if constexpr (Hooks::kNotifies) {
       if (warp_in_group == 1 && cute::elect_one_sync()) {
         Hooks hooks = p.hooks;
-        const int notified = walk.num_local() - (kLastInConsumers || kLastBar ? 1 : 0);
-        for (int j = 0; j < notified; ++j) {
+        for (int j = 0; j < walk.num_local(); ++j) {
           const int slot = j % TileStoredRing::kSlots;
           const uint32_t phase = (j / TileStoredRing::kSlots) & 1;
           Barrier::wait(&shared.stored.full[slot], phase);
@@ -350,19 +229,6 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           hooks.after_tile_stored(tile, grid.region(tile));
           if (j + 1 == walk.num_local()) TL_GEMM_MARK(8);
           Barrier::arrive(&shared.stored.empty[slot]);
-        }
-      }
-      if constexpr (kLastBar) {
-        if (warp_in_group == 1 && walk.num_local() > 0) {
-          __syncwarp();
-          asm volatile("bar.sync 9, %0;\n" ::"n"(Cfg::kNumMmaThreads + 32) : "memory");
-          if (cute::elect_one_sync()) {
-            Hooks hooks = p.hooks;
-            const TileCoord tile = p.order.at(walk.global(walk.num_local() - 1));
-            TL_GEMM_MARK(7);
-            hooks.after_tile_stored(tile, grid.region(tile));
-            TL_GEMM_MARK(8);
-          }
         }
       }
     }
@@ -383,10 +249,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
       const int slot = j % TileStoredRing::kSlots;
-      const bool last_here = kLastInConsumers && j + 1 == walk.num_local();
-      const bool last_bar = kLastBar && j + 1 == walk.num_local();
       if constexpr (Hooks::kNotifies) {
-        if (!last_here && !last_bar) Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
+        Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
       }
       if (p.staged_store) {
         store_tile_staged<typename Cfg::ElementOut>(p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
@@ -399,19 +263,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if constexpr (Hooks::kNotifies) {
         // NOTE: __syncwarp orders every lane's stores before lane 0's mbarrier.arrive, which has
         // release.cta semantics (cumulative); one arrive per warp, not 256 on one barrier.
-        if (last_here) {
-          asm volatile("bar.sync 8, %0;\n" ::"n"(Cfg::kNumMmaThreads) : "memory");
-          if (mma_thread_idx == 0) {
-            Hooks hooks = p.hooks;
-            hooks.after_tile_stored(tile, grid.region(tile));
-            TL_GEMM_MARK(8);
-          }
-        } else if (last_bar) {
-          asm volatile("bar.arrive 9, %0;\n" ::"n"(Cfg::kNumMmaThreads + 32) : "memory");
-        } else {
-          __syncwarp();
-          if (cutlass::canonical_lane_idx() == 0) Barrier::arrive(&shared.stored.full[slot]);
-        }
+        __syncwarp();
+        if (cutlass::canonical_lane_idx() == 0) Barrier::arrive(&shared.stored.full[slot]);
       }
     }
   }
