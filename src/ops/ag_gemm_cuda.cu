@@ -33,12 +33,14 @@ struct AgGemmWaitHooks {
   SegmentTiling comm;
   int tiles_n = 0;
   Epoch call;  // read per tile: a graph replay's epoch is on the device
+  RowRange own{0, 0};  // rows the GEMM reads from A_r itself (own_direct): nothing to wait for
 
   // NOTE: no function calls in here (not even a noinline error path with printf): a kernel that
   // calls any function gets its wgmma serialised by ptxas (C7510), ~7% slower (bench/notes/gemm.md).
   // So the bounded acquire spin is written out, and a timeout records the world's fault (reported by
   // World::sync) and traps without printing.
   __device__ void before_tile_loads(TileCoord tile, Rect region) {
+    if (region.row >= own.begin && region.row + region.rows <= own.end) return;  // every lane alike
     const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
     const uint64_t epoch = call.value();
     unsigned lane;
@@ -114,6 +116,14 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
                            plans_[r].gemm.tiles_n(), Epoch{0}};  // epoch 0: every wait passes
   });
   detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
+  bool any_direct = false;
+  for (int r : world.local_ranks()) any_direct = any_direct || own_direct(r);
+  if (any_direct) {
+    detail::prepare_engine<AgGemmWaitHooks, true>(world, [&](int r) {
+      return AgGemmWaitHooks{world.device_context(r), ws_.view(r), plans_[r].ws.tile_ready, plans_[r].comm,
+                             plans_[r].gemm.tiles_n(), Epoch{0}};
+    });
+  }
 }
 
 AgGemm::~AgGemm() = default;
@@ -172,6 +182,8 @@ void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   if (part != CommPart::kRemote) {
     // Entry barrier: every peer has finished its previous call (its comm stream waited for it).
     rank_barrier(sc, heap, p.ws.barrier, epoch);
+  }
+  if (part != CommPart::kRemote && part != CommPart::kDirect) {
     // The own segment, each own tile announced after it lands (pull: to this rank's GEMM and to the
     // peers that pull it; push: to this rank's GEMM). Before the GEMM (kLocal): one copy; beside it
     // (kAll): tile by tile, so the GEMM's first tiles start early.
@@ -204,13 +216,25 @@ void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   }
 }
 
-void AgGemm::enqueue_gemm(int r, const void* a, const void* b, void* c, bool hooks) {
+void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c, bool hooks) {
   const AgGemmPlan& p = plans_[r];
-  const compute::sm90::GemmArgs args = detail::engine_args(p, a, b, c, gemm_sms(r));
+  compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
   if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
   AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
                        p.gemm.tiles_n(), epochs_->epoch(r, 1)};
-  detail::launch_engine(args, wait, lanes_->gemm_stream(r));
+  if (!own_direct(r)) return detail::launch_engine(args, wait, lanes_->gemm_stream(r));
+  args.a_alt = a_own;
+  args.a_alt_row0 = p.comm.parts.begin(r);
+  args.a_alt_rows = p.comm.parts.size(r);
+  wait.own = RowRange{p.comm.parts.begin(r), p.comm.parts.end(r)};
+  detail::launch_engine<AgGemmWaitHooks, true>(args, wait, lanes_->gemm_stream(r));
+}
+
+bool AgGemm::own_direct(int r) const {
+  const AgGemmPlan& p = plans_[r];
+  const int64_t begin = p.comm.parts.begin(r), end = p.comm.parts.end(r), tm = compute::sm90::kTileM;
+  return local_before_gemm() && p.config.mode == CommMode::kPush && end > begin && begin % tm == 0 &&
+         (end % tm == 0 || end == p.m());
 }
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -219,7 +243,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
   if (world_.size() == 1) {  // nothing to gather: the engine alone, on A itself
     const int r = world_.local_ranks().front();
     world_.bind(r);
-    lanes_->on_gemm_stream(r, [&] { enqueue_gemm(r, a[r], b[r], c[r], false); });
+    lanes_->on_gemm_stream(r, [&] { enqueue_gemm(r, a[r], nullptr, b[r], c[r], false); });
     return;
   }
   epochs_->begin(1);
@@ -239,7 +263,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
       world_.bind(r);
       lanes_->fork(r);
       enqueue_comm(r, a[r], CommPart::kAll);
-      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], true);
+      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true);
       lanes_->join_record(r);
     }
     for (int r : world_.local_ranks()) {
@@ -248,17 +272,19 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
     }
     return;
   }
+  // Push with the own segment on tile rows: the GEMM reads it from A_r and starts at once; the
+  // barrier and the pushes (copy engine, no SMs) run beside it.
   const bool local_first = local_before_gemm();
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    if (local_first) enqueue_comm(r, a[r], CommPart::kLocal);
+    if (local_first && !own_direct(r)) enqueue_comm(r, a[r], CommPart::kLocal);
     lanes_->fork(r);  // the previous call is done with `gathered`; the epoch has advanced
-    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], true);
+    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true);
     lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    enqueue_comm(r, a[r], local_first ? CommPart::kRemote : CommPart::kAll);
+    enqueue_comm(r, a[r], !local_first ? CommPart::kAll : own_direct(r) ? CommPart::kDirect : CommPart::kRemote);
     lanes_->join_wait(r);  // the call ends with both
   }
 }
@@ -272,11 +298,12 @@ void AgGemm::run_comm_only(const std::vector<const void*>& a) {
   epochs_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    enqueue_comm(r, a[r], CommPart::kAll);
+    enqueue_comm(r, a[r], own_direct(r) ? CommPart::kDirect : CommPart::kAll);
   }
 }
 
-void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c) {
+void AgGemm::run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                           const std::vector<void*>& c) {
   // NOTE: the current epoch's signals are all set by the last comm run: the hooks' waits pass at
   // once, so this times the engine with its hooks on.
   TL_REQUIRE(!epochs_->graph_mode(), "ag_gemm: run_gemm_only is for eager benches, not after a capture");
@@ -284,7 +311,7 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& b, const std::vector<
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     lanes_->on_gemm_stream(r, [&] {
-      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), b[r], c[r], world_.size() > 1);
+      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], world_.size() > 1);
     });
   }
 }

@@ -29,9 +29,10 @@ compute::sm90::GemmArgs engine_args(const Plan& p, const void* a, const void* b,
   return args;
 }
 
-template <class Hooks>
+// kAltA: the instantiation that reads a band of A from GemmArgs::a_alt.
+template <class Hooks, bool kAltA = false>
 void launch_engine(const compute::sm90::GemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
-  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, stream);
+  compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, Hooks, kAltA>(args, hooks, stream);
 }
 
 // Launches the engine with these hooks once in every local context, on a 1x8x8 problem, and waits.
@@ -43,7 +44,7 @@ void launch_engine(const compute::sm90::GemmArgs& args, const Hooks& hooks, cuda
 // waits timed out; after one earlier launch in that context the same call ran. Loading the kernel
 // and setting its attribute beforehand were not enough. So the first launch happens here, while
 // nothing runs.
-template <class Hooks, class HooksOf>
+template <class Hooks, bool kAltA = false, class HooksOf>
 void prepare_engine(World& world, HooksOf&& hooks_of) {
   for (int r : world.local_ranks()) {
     world.bind(r);
@@ -58,7 +59,8 @@ void prepare_engine(World& world, HooksOf&& hooks_of) {
     args.n = 8;
     args.k = 8;
     args.num_sms = 1;
-    launch_engine(args, hooks_of(r), world.stream(r));
+    if constexpr (kAltA) args.a_alt = args.a, args.a_alt_row0 = 0, args.a_alt_rows = 1;
+    launch_engine<Hooks, kAltA>(args, hooks_of(r), world.stream(r));
     TL_CUDA_CHECK(cudaStreamSynchronize(world.stream(r)));
     TL_CUDA_CHECK(cudaFree(scratch));
   }

@@ -1,5 +1,6 @@
-// Fused AG+GEMM on the CUDA backend over virtual ranks (one GPU, green contexts), world 1, 2, 4, 8:
-// against the float64 reference, bit-exact gathered A, pull and push, ragged M, repeated calls.
+// Fused AG+GEMM on the CUDA backend over virtual ranks (one GPU, green contexts), world 1, 2, 4, 8,
+// and on two GPUs (peer transport) where the machine has them: against the float64 reference,
+// bit-exact gathered A (poisoned before every call), pull and push, ragged M, repeated calls.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -28,14 +29,21 @@ struct Case {
   int comm_tile_rows;
   int comm_sms = 0;         // 0: copy engine; k: SM-driven comm on k SMs
   int compute_workers = 1;  // GEMM SMs; 0: the rest of the rank's SMs
+  tlc::Transport transport = tlc::Transport::kVirtual;
 };
+
+int gpu_count() {
+  int n = 0;
+  TL_CUDA_CHECK(cudaGetDeviceCount(&n));
+  return n;
+}
 
 void run_case(const Case& tc, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "world " << tc.world << " comm SMs " << tc.comm_sms
                                     << " GEMM SMs " << tc.compute_workers << " n_r " << tc.n_r << " k " << tc.k
                                     << (tc.mode == CommMode::kPush ? " push" : " pull") << " seed " << seed);
   tlc::WorldOptions wo;
-  wo.transport = tlc::Transport::kVirtual;
+  wo.transport = tc.transport;
   wo.world_size = tc.world;
   wo.timeout = std::chrono::milliseconds(10000);
   tlc::World world(wo);
@@ -70,11 +78,19 @@ void run_case(const Case& tc, uint64_t seed) {
     da[r] = pa;
     db[r] = pb;
   }
+  // Push on separate GPUs with the own segment on tile rows: the GEMM reads it from A_r, and the
+  // gathered buffer's own rows stay as they were (poisoned here: a GEMM that read them would give NaN).
+  auto own_direct = [&](int r) {
+    const int64_t b = rows.begin(r), e = rows.end(r);
+    return tc.transport != tlc::Transport::kVirtual && tc.comm_sms == 0 && tc.mode == CommMode::kPush && e > b &&
+           b % 128 == 0 && (e % 128 == 0 || e == M);
+  };
   for (int call = 0; call < 3; ++call) {
     for (int r = 0; r < tc.world; ++r) {  // poison: unwritten tiles show as NaN
       world.bind(r);
       TL_CUDA_CHECK(cudaMemset(dc[r], 0xff, M * tc.n_r * 2));
       TL_CUDA_CHECK(cudaMemset(dc_ref[r], 0xff, M * tc.n_r * 2));
+      if (tc.world > 1) TL_CUDA_CHECK(cudaMemset(const_cast<void*>(op.gathered(r)), 0xff, M * tc.k * 2));
       TL_CUDA_CHECK(cudaDeviceSynchronize());
     }
     op.run(da, db, dc);
@@ -85,6 +101,11 @@ void run_case(const Case& tc, uint64_t seed) {
       std::vector<BF16> g(a_full.size());
       world.bind(r);
       TL_CUDA_CHECK(cudaMemcpy(g.data(), op.gathered(r), g.size() * 2, cudaMemcpyDeviceToHost));
+      if (own_direct(r)) {  // the own rows are not gathered: they stay poisoned
+        const size_t b = rows.begin(r) * tc.k, e = rows.end(r) * tc.k;
+        for (size_t i = b; i < e; ++i) ASSERT_EQ(g[i].bits, 0xffff) << "own row element " << i << " of rank " << r;
+        std::copy(a_full.begin() + b, a_full.begin() + e, g.begin() + b);
+      }
       ASSERT_EQ(0, std::memcmp(g.data(), a_full.data(), g.size() * 2)) << "gathered A of rank " << r;
     }
     op.run_unfused(da, db, dc_ref);
@@ -130,6 +151,18 @@ TEST(AgGemmCuda, World2FullWidthCopyEngine) { run_case({2, {2000, 1500}, 1024, 5
 TEST(AgGemmCuda, World2SmCommPull) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 256, 8, 0}, 8); }
 TEST(AgGemmCuda, World4SmCommPush) { run_case({4, {700, 0, 901, 333}, 512, 256, CommMode::kPush, 128, 4, 0}, 9); }
 TEST(AgGemmCuda, World8SmCommPull) { run_case({8, {300, 17, 512, 1, 256, 300, 0, 700}, 512, 384, CommMode::kPull, 64, 2, 0}, 10); }
+
+// Two GPUs (peer transport): the GEMM on every SM, the comm program on the copy engine. Pull copies
+// the own segment before the GEMM; push on tile rows reads it from A_r (rank 1's ends at a ragged M);
+// push off tile rows falls back to the copy.
+TEST(AgGemmCudaPeer, TwoGpus) {
+  const int gpus = gpu_count();
+  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
+  const auto peer = tlc::Transport::kPeer;
+  run_case({2, {1536, 1700}, 1024, 512, CommMode::kPull, 512, 0, 0, peer}, 11);
+  run_case({2, {1024, 1000}, 1024, 512, CommMode::kPush, 256, 0, 0, peer}, 12);  // own rows from A_r
+  run_case({2, {1000, 1100}, 512, 256, CommMode::kPush, 128, 0, 0, peer}, 13);   // off tile rows: copied
+}
 
 TEST(AgGemmCuda, RefusesBadInput) {
   tlc::WorldOptions wo;

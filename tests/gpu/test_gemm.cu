@@ -338,3 +338,75 @@ TEST(Sm90GemmArgs, BadInputThrows) {
 }
 
 }  // namespace
+
+// ---- a second A source (GemmArgs::a_alt): a band of A's rows read from another buffer ---------------
+
+namespace {
+
+// Plain engine with the a_alt instantiation (a type of this file: its own kernel).
+struct AltNoHooks : NoHooks {};
+
+// A [m, k] whose rows [row0, row0 + rows) are NaN in `a` and live in a separate buffer: the result
+// must equal the reference on the real A, so every band row must come from a_alt.
+void run_alt_band(int64_t m, int64_t n, int64_t k, int64_t row0, int64_t rows, int64_t lda_alt = 0) {
+  SCOPED_TRACE(::testing::Message() << m << "x" << n << "x" << k << " band [" << row0 << ", " << row0 + rows
+                                    << ") lda_alt " << lda_alt);
+  const int64_t la = lda_alt ? lda_alt : k;
+  Buffers buf;
+  void* alt = nullptr;
+  CK(cudaMalloc(&buf.a, m * k * 2));
+  CK(cudaMalloc(&buf.b, n * k * 2));
+  CK(cudaMalloc(&buf.c, m * n * 2));
+  CK(cudaMalloc(&buf.ref, m * n * sizeof(float)));
+  CK(cudaMalloc(&alt, rows * la * 2));
+  ref::fill_uniform(buf.a, DType::kBF16, m * k, fresh_seed(), 1.0f);
+  ref::fill_uniform(buf.b, DType::kBF16, n * k, fresh_seed(), 1.0f);
+  ref::reference_gemm(buf.a, buf.b, DType::kBF16, m, n, k, k, k, nullptr, DType::kBF16, n, buf.ref);
+  CK(cudaMemset(alt, 0xff, rows * la * 2));
+  CK(cudaMemcpy2D(alt, la * 2, static_cast<char*>(buf.a) + row0 * k * 2, k * 2, k * 2, rows, cudaMemcpyDeviceToDevice));
+  CK(cudaMemset(static_cast<char*>(buf.a) + row0 * k * 2, 0xff, rows * k * 2));  // NaN where the band is
+  CK(cudaMemset(buf.c, 0xff, m * n * 2));
+  GemmArgs args = shape(m, n, k);
+  args.a = buf.a, args.b = buf.b, args.c = buf.c;
+  args.a_alt = alt, args.a_alt_row0 = row0, args.a_alt_rows = rows, args.lda_alt = lda_alt;
+  launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, AltNoHooks, true>(args, AltNoHooks{}, 0);
+  CK(cudaDeviceSynchronize());
+  const ref::Comparison cmp = ref::compare(buf.c, DType::kBF16, n, buf.ref, m, n);
+  EXPECT_EQ(cmp.non_finite, 0);
+  EXPECT_LE(cmp.rel_err, ref::tolerance(DType::kBF16));
+  cudaFree(alt);
+}
+
+}  // namespace
+
+TEST(Sm90GemmAltA, BandRowsComeFromTheSecondSource) {
+  run_alt_band(1024, 512, 256, 256, 512);           // a band in the middle
+  run_alt_band(1000, 768, 512, 384, 616);           // ending at a ragged M
+  run_alt_band(128, 256, 64, 0, 128);               // the whole of A
+  run_alt_band(2048, 1024, 512, 1024, 1024, 520);   // strided band
+}
+
+TEST(Sm90GemmAltA, BadBandThrows) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, 1 << 20));
+  GemmArgs a = shape(512, 64, 64);
+  a.a = a.b = a.c = p;
+  a.a_alt = p, a.a_alt_row0 = 128, a.a_alt_rows = 256;
+  EXPECT_THROW(gemm(a, 0), tilelink::Error);  // the plain dispatch does not read a_alt
+  EXPECT_THROW((launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, NoHooks, false>(a, NoHooks{}, 0)), tilelink::Error);
+  auto bad = [&](int64_t row0, int64_t rows, int64_t lda_alt, const void* alt) {
+    GemmArgs b = a;
+    b.a_alt_row0 = row0, b.a_alt_rows = rows, b.lda_alt = lda_alt, b.a_alt = alt;
+    EXPECT_THROW((launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, AltNoHooks, true>(b, AltNoHooks{}, 0)),
+                 tilelink::Error)
+        << row0 << " " << rows << " " << lda_alt;
+  };
+  bad(100, 256, 0, p);                              // does not start on a tile row
+  bad(128, 200, 0, p);                              // ends inside a tile row, not at M
+  bad(384, 256, 0, p);                              // past M
+  bad(128, 0, 0, p);                                // empty
+  bad(128, 256, 60, p);                             // lda_alt < K
+  bad(128, 256, 0, static_cast<char*>(p) + 2);      // not 16-byte aligned
+  CK(cudaDeviceSynchronize());
+  cudaFree(p);
+}

@@ -28,7 +28,7 @@ namespace {
 
 const char* kRunUsage =
     "[--backend auto|cpu|cuda] [--world W] [-m M] [-n N] [-k K] [--dtype bf16|fp16|fp32] "
-    "[--variant pull|push] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
+    "[--variant auto|pull|push] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
     "[--tolerance E] [--transport auto|virtual|peer|ipc] [--comm-sms K] [--path auto|fused|unfused] "
     "[--baseline-only (check the unfused baseline alone)] (the last four: cuda)";

@@ -24,10 +24,11 @@ OpProblem parse_problem(Args& args, const std::string& op) {
              "-m, -n and -k must be >= 1, got " << p.m << ", " << p.n << ", " << p.k);
   std::string dt = args.get("--dtype", "bf16");
   TL_REQUIRE(parse_dtype(dt, &p.dtype), "--dtype must be bf16, fp16 or fp32, got '" << dt << "'");
-  std::string variant = args.get("--variant", "pull");
-  TL_REQUIRE(variant == "pull" || variant == "push",
-             "--variant must be pull or push, got '" << variant << "'");
+  std::string variant = args.get("--variant", "auto");
+  TL_REQUIRE(variant == "auto" || variant == "pull" || variant == "push",
+             "--variant must be auto, pull or push, got '" << variant << "'");
   p.mode = variant == "push" ? CommMode::kPush : CommMode::kPull;
+  p.mode_auto = variant == "auto";
 
   set_shape(p, p.m, p.n, p.k);
   auto counts = args.get_int_list("--m-split", {});

@@ -21,6 +21,11 @@
 // op to device-side epochs for good (src/ops/call_epochs.hpp): signals are never reset.
 // World 1: nothing to gather; the call is the engine on all SMs reading A directly (gathered() is
 // not written).
+// Separate GPUs (peer, ipc) with the copy engine: pull mode copies the rank's own segment into its
+// gathered buffer before the GEMM starts (a same-GPU copy needs SMs, and the GEMM takes them all);
+// push mode skips that copy where the own segment starts and ends on engine tile rows (multiples of
+// 128, or M): the GEMM reads those rows from A_r itself (GemmArgs::a_alt) without waiting, starts
+// at once, and the entry barrier and the pushes run beside it. gathered() then lacks the own rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,7 +74,8 @@ class AgGemm {
   // Parts, for the bench's ideal bound: the comm program alone / the GEMM alone (all signals set).
   // Eager only (refused once the op has been captured).
   void run_comm_only(const std::vector<const void*>& a);
-  void run_gemm_only(const std::vector<const void*>& b, const std::vector<void*>& c);
+  void run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                     const std::vector<void*>& c);
 
   const void* gathered(int rank) const;
   // SMs the GEMM of `rank` runs on.
@@ -80,10 +86,13 @@ class AgGemm {
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                   const std::vector<void*>& c) const;
-  enum class CommPart : uint8_t { kAll, kLocal, kRemote };  // kLocal: barrier and own segment
+  // kLocal: barrier and own segment; kRemote: the rest; kDirect: barrier and the peers' tiles (the
+  // GEMM reads the own segment from A_r).
+  enum class CommPart : uint8_t { kAll, kLocal, kRemote, kDirect };
   void enqueue_comm(int r, const void* a, CommPart part);
   bool local_before_gemm() const;
-  void enqueue_gemm(int r, const void* a, const void* b, void* c, bool hooks);
+  bool own_direct(int r) const;  // push on separate GPUs, own segment on tile rows
+  void enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c, bool hooks);
 
   World& world_;
   std::vector<AgGemmPlan> plans_;

@@ -84,6 +84,17 @@ void gemm_check(const GemmArgs& a) {
   TL_REQUIRE(a.start_m >= 0 && (a.start_m < g.tiles_m() || a.start_m == 0),
              "sm90 gemm: start_m must be in [0, " << g.tiles_m() << "), got " << a.start_m);
   TL_REQUIRE(a.group_m >= 0, "sm90 gemm: group_m must be >= 0 (0 = heuristic), got " << a.group_m);
+  if (a.a_alt != nullptr) {
+    const int64_t end = a.a_alt_row0 + a.a_alt_rows, lda_alt = a.lda_alt ? a.lda_alt : a.k;
+    TL_REQUIRE(a.a_alt_rows > 0 && a.a_alt_row0 >= 0 && end <= a.m,
+               "sm90 gemm: the a_alt band [" << a.a_alt_row0 << ", " << end << ") must be a non-empty part of [0, "
+                                             << a.m << ")");
+    TL_REQUIRE(a.a_alt_row0 % kTileM == 0 && (end % kTileM == 0 || end == a.m),
+               "sm90 gemm: the a_alt band [" << a.a_alt_row0 << ", " << end << ") must start on a tile row (a multiple of "
+                                             << kTileM << ") and end on one or at M");
+    TL_REQUIRE(lda_alt >= a.k && lda_alt % 8 == 0, "sm90 gemm: lda_alt must be >= K and a multiple of 8, got " << lda_alt);
+    TL_REQUIRE(aligned(a.a_alt, 16), "sm90 gemm: a_alt must be 16-byte aligned (TMA)");
+  }
   const DeviceInfo d = current_device();
   TL_REQUIRE(d.major == 9 && d.minor == 0,
              "sm90 gemm: needs an sm_90 GPU (H100/H200), the current device is sm_" << d.major << d.minor);
@@ -93,6 +104,7 @@ void gemm_check(const GemmArgs& a) {
 
 void gemm(const GemmArgs& args, cudaStream_t stream) {
   gemm_check(args);
+  TL_REQUIRE(args.a_alt == nullptr, "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   const DType in = args.in_type, out = args.out_type;
   if (in == DType::kBF16 && out == DType::kBF16) return detail::gemm_bf16_bf16(args, stream);
   if (in == DType::kBF16 && out == DType::kF32) return detail::gemm_bf16_f32(args, stream);

@@ -66,6 +66,13 @@ struct GemmArgs {
   int num_sms = 0;  // blocks of the persistent grid (one per SM); 0: every SM of the device
   int start_m = 0;  // TileOrder: first tile row visited
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
+  // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
+  // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band
+  // starts on a tile row (a multiple of kTileM) and ends on one or at M. Only launch_gemm<..., true>
+  // (impl/gemm_kernel.cuh) reads it; gemm() refuses it. AG+GEMM uses it to read the rank's own rows
+  // from its input instead of copying them into the gathered buffer first.
+  const void* a_alt = nullptr;
+  int64_t a_alt_row0 = 0, a_alt_rows = 0, lda_alt = 0;
 };
 
 // The output tile grid of a problem (the shape mapping of the engine's tiles).

@@ -93,8 +93,18 @@ struct SharedStorage {
   alignas(128) uint8_t epilogue_stage[Cfg::kNumMmaWarps][kStageBytesPerWarp];
 };
 
-template <class Cfg, class Hooks>
-struct KernelParams {
+// kAltA: the descriptors of A's second source (GemmArgs::a_alt, tile rows [alt_tile0, alt_tile0 +
+// alt_tiles)) and of B; an empty base otherwise, so the other kernels' parameters do not grow.
+template <class Cfg, bool kAltA>
+struct AltSource {};
+template <class Cfg>
+struct AltSource<Cfg, true> {
+  typename Cfg::Mainloop::Params mainloop_alt;
+  int alt_tile0 = 0, alt_tiles = 0, alt_rows = 0;
+};
+
+template <class Cfg, class Hooks, bool kAltA>
+struct KernelParams : AltSource<Cfg, kAltA> {
   typename Cfg::Mainloop::Params mainloop;  // TMA descriptors of A and B
   int m = 0, n = 0, k = 0;
   void* c = nullptr;
@@ -131,9 +141,9 @@ TL_DEVICE TL_INLINE void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-template <class Cfg, class Hooks>
+template <class Cfg, class Hooks, bool kAltA>
 __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
-    gemm_kernel(CUTE_GRID_CONSTANT const KernelParams<Cfg, Hooks> p) {
+    gemm_kernel(CUTE_GRID_CONSTANT const KernelParams<Cfg, Hooks, kAltA> p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
@@ -152,7 +162,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   const int warp_in_group = warp_idx % 4;
   const bool is_producer_group = warp_group_idx == 0;
 
-  if (warp_idx == 0 && cute::elect_one_sync()) Mainloop::prefetch_tma_descriptors(p.mainloop);
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    Mainloop::prefetch_tma_descriptors(p.mainloop);
+    if constexpr (kAltA) Mainloop::prefetch_tma_descriptors(p.mainloop_alt);
+  }
 
   typename MainloopPipeline::Params pipe_params;
   if (is_producer_group && warp_in_group == 0) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
@@ -206,10 +219,23 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         }
         if (j == 0 && cute::elect_one_sync()) TL_GEMM_MARK(2);
         if (j > 0 && cute::elect_one_sync()) TL_GEMM_MARK_ADD(3, TL_GEMM_CLOCK() - t_wait);
-        auto blk_coord = make_coord(tile.m, tile.n, _, 0);
         auto k_tile_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
-        mainloop.load(p.mainloop, pipeline, write_state, load_inputs, blk_coord, k_tile_iter, k_tiles,
-                      cutlass::canonical_lane_idx(), 0u, shared.tensors);
+        bool from_alt = false;
+        if constexpr (kAltA) {
+          from_alt = tile.m >= p.alt_tile0 && tile.m < p.alt_tile0 + p.alt_tiles;
+          if (from_alt) {
+            // NOTE: made per tile, not held across the walk: the load warp has 40 registers, and the
+            // second set of tensors kept live spilled ~1.4 KiB to local memory.
+            auto load_inputs_alt = mainloop.load_init(make_shape(p.alt_rows, p.n, p.k, 1), p.mainloop_alt);
+            mainloop.load(p.mainloop_alt, pipeline, write_state, load_inputs_alt,
+                          make_coord(tile.m - p.alt_tile0, tile.n, _, 0), k_tile_iter, k_tiles,
+                          cutlass::canonical_lane_idx(), 0u, shared.tensors);
+          }
+        }
+        if (!from_alt) {
+          mainloop.load(p.mainloop, pipeline, write_state, load_inputs, make_coord(tile.m, tile.n, _, 0), k_tile_iter,
+                        k_tiles, cutlass::canonical_lane_idx(), 0u, shared.tensors);
+        }
         write_state.advance(k_tiles);
       }
       mainloop.load_tail(pipeline, write_state);
@@ -281,19 +307,22 @@ template <> inline constexpr DType kDTypeOf<__half> = DType::kF16;
 
 // Checks the arguments (throws tilelink::Error), builds the TMA descriptors and launches the engine
 // with `hooks` on `stream`. ElementIn: cutlass::bfloat16_t | cutlass::half_t; ElementOut: __nv_bfloat16 |
-// __half | float; they must match args.in_type / args.out_type.
-template <class ElementIn, class ElementOut, class Hooks>
+// __half | float; they must match args.in_type / args.out_type. kAltA: the instantiation that reads
+// GemmArgs::a_alt (a second source for a band of A's rows); without it a_alt is refused.
+template <class ElementIn, class ElementOut, class Hooks, bool kAltA = false>
 void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
   using namespace cute;
   using Cfg = detail::GemmConfig<ElementIn, ElementOut>;
   using Mainloop = typename Cfg::Mainloop;
-  using Params = detail::KernelParams<Cfg, Hooks>;
+  using Params = detail::KernelParams<Cfg, Hooks, kAltA>;
 
   gemm_check(args);
   TL_REQUIRE(args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
              "sm90 gemm: this instantiation is " << dtype_name(detail::kDTypeOf<ElementIn>) << " -> "
                                                  << dtype_name(detail::kDTypeOf<ElementOut>) << ", the arguments say "
                                                  << dtype_name(args.in_type) << " -> " << dtype_name(args.out_type));
+  TL_REQUIRE(kAltA || args.a_alt == nullptr,
+             "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   if (args.m == 0) return;  // nothing to compute; hooks are not called
 
   const int64_t lda = args.lda ? args.lda : args.k;
@@ -306,6 +335,21 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
       static_cast<const ElementIn*>(args.b), typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
   const auto problem = make_shape(static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k), 1);
   p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
+  if constexpr (kAltA) {
+    // Without a second source, the band is empty and its descriptors repeat A's.
+    const bool alt = args.a_alt != nullptr;
+    const int64_t lda_alt = args.lda_alt ? args.lda_alt : args.k;
+    const int64_t alt_rows = alt ? args.a_alt_rows : args.m;
+    typename Mainloop::Arguments alt_args{
+        static_cast<const ElementIn*>(alt ? args.a_alt : args.a), typename Mainloop::StrideA{alt ? lda_alt : lda, Int<1>{}, (alt ? lda_alt : lda) * alt_rows},
+        static_cast<const ElementIn*>(args.b), typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
+    const auto alt_problem =
+        make_shape(static_cast<int>(alt_rows), static_cast<int>(args.n), static_cast<int>(args.k), 1);
+    p.mainloop_alt = Mainloop::to_underlying_arguments(alt_problem, alt_args, nullptr);
+    p.alt_rows = static_cast<int>(alt_rows);
+    p.alt_tile0 = alt ? static_cast<int>(args.a_alt_row0 / kTileM) : 0;
+    p.alt_tiles = alt ? static_cast<int>(ceil_div(args.a_alt_rows, kTileM)) : 0;
+  }
   p.m = static_cast<int>(args.m);
   p.n = static_cast<int>(args.n);
   p.k = static_cast<int>(args.k);
@@ -317,7 +361,7 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   p.order = gemm_tile_order(args, num_blocks);
   p.hooks = hooks;
 
-  auto* kernel = &detail::gemm_kernel<Cfg, Hooks>;
+  auto* kernel = &detail::gemm_kernel<Cfg, Hooks, kAltA>;
   constexpr size_t kSmemBytes = sizeof(detail::SharedStorage<Cfg>);
   // NOTE: on every launch, not once per process: the attribute belongs to the kernel as loaded in the
   // current context, and a virtual world runs each rank in its own green context. Set once, it made
