@@ -68,9 +68,9 @@ class RankGraphs {
   std::vector<cudaGraphExec_t> execs_;
 };
 
-tlc::World make_world(int w) {
+tlc::World make_world(int w, tlc::Transport transport = tlc::Transport::kVirtual) {
   tlc::WorldOptions wo;
-  wo.transport = tlc::Transport::kVirtual;
+  wo.transport = transport;
   wo.world_size = w;
   wo.timeout = std::chrono::milliseconds(10000);
   return tlc::World(wo);
@@ -140,14 +140,18 @@ struct AgFixture {
   }
 };
 
-void ag_graph_case(int W, std::vector<int64_t> split, bool unfused, int comm_sms = 0) {
-  SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused") << " comm SMs " << comm_sms);
-  tlc::World world = make_world(W);
+void ag_graph_case(int W, std::vector<int64_t> split, bool unfused, int comm_sms = 0,
+                   tlc::Transport transport = tlc::Transport::kVirtual, CommMode mode = CommMode::kPull) {
+  SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused") << " comm SMs " << comm_sms
+                                    << " " << tlc::transport_name(transport)
+                                    << (mode == CommMode::kPush ? " push" : " pull"));
+  tlc::World world = make_world(W, transport);
   AgFixture f(world, split, 256, 256);
   AgGemmConfig cfg;
   cfg.comm_workers = comm_sms;  // 0: the copy engine
   cfg.compute_workers = 0;
   cfg.comm_tile_rows = 64;
+  cfg.mode = mode;
   tlc::AgGemm op(world, f.rows, std::vector<int64_t>(W, f.n_r), f.k, DType::kBF16, cfg);
   auto call = [&] { unfused ? op.run_unfused(f.ca(), f.cb(), f.c) : op.run(f.ca(), f.cb(), f.c); };
   // Eager first (host epochs), then a capture: the switch to device epochs mid-life.
@@ -172,6 +176,19 @@ TEST(GraphCuda, AgGemmWorld2Fused) { ag_graph_case(2, {333, 667}, false); }
 TEST(GraphCuda, AgGemmWorld4Fused) { ag_graph_case(4, {100, 0, 300, 129}, false); }
 TEST(GraphCuda, AgGemmWorld2Unfused) { ag_graph_case(2, {256, 300}, true); }
 TEST(GraphCuda, AgGemmWorld1) { ag_graph_case(1, {300}, false); }
+// Two GPUs: the GEMM holds every SM while the graph's one-thread signal kernels run beside it; push
+// with the own rows on tile rows reads them from A_r (the GEMM launched before the entry barrier).
+// KNOWN BUG (disabled, so gtest lists it): on two H200s (2026-11-29, session 4) the eager call passes
+// and the first replay of the pull case times out in rank 0's entry barrier: "waiting on
+// rank_signals[1] of rank 0: expected >= 2, observed 1" (rank 1's replay never arrived), with or
+// without cudaGraphUpload before it. Graph replay of the fused ops is tested on virtual ranks only.
+TEST(GraphCudaPeer, DISABLED_AgGemmTwoGpus) {
+  int gpus = 0;
+  TL_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
+  ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPull);
+  ag_graph_case(2, {512, 300}, false, 0, tlc::Transport::kPeer, CommMode::kPush);
+}
 
 TEST(GraphCuda, AgGemm10kCallsEagerThenGraph) {
   tlc::World world = make_world(2);
