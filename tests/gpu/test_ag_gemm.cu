@@ -82,7 +82,7 @@ void run_case(const Case& tc, uint64_t seed) {
   // gathered buffer's own rows stay as they were (poisoned here: a GEMM that read them would give NaN).
   auto own_direct = [&](int r) {
     const int64_t b = rows.begin(r), e = rows.end(r);
-    return tc.transport != tlc::Transport::kVirtual && tc.comm_sms == 0 && tc.mode == CommMode::kPush && e > b &&
+    return tc.transport == tlc::Transport::kPeer && tc.comm_sms == 0 && tc.mode == CommMode::kPush && e > b &&
            b % 128 == 0 && (e % 128 == 0 || e == M);
   };
   for (int call = 0; call < 3; ++call) {

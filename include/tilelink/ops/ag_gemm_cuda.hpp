@@ -25,9 +25,10 @@
 // not written).
 // Separate GPUs (peer, ipc) with the copy engine: pull mode copies the rank's own segment into its
 // gathered buffer before the GEMM starts (a same-GPU copy needs SMs, and the GEMM takes them all);
-// push mode skips that copy where the own segment starts and ends on engine tile rows (multiples of
-// 128, or M): the GEMM reads those rows from A_r itself (GemmArgs::a_alt) without waiting, starts
-// at once, and the entry barrier and the pushes run beside it. gathered() then lacks the own rows.
+// push mode (peer transport; not yet ipc) skips that copy where the own segment starts and ends on
+// engine tile rows (multiples of 128, or M): the GEMM reads those rows from A_r itself
+// (GemmArgs::a_alt) without waiting, starts at once, and the entry barrier and the pushes run beside
+// it. gathered() then lacks the own rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
