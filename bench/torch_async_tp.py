@@ -11,7 +11,6 @@ split over K, C = rows r of sum_i A_i B_i^T [M/W, N]. bf16, uniform [-1, 1) inpu
 call over 5 batches of CUDA events, max over ranks. `--nccl-bw` adds the NCCL bandwidth table of
 bench/torch_nccl_bw.py at the same sizes (one launch instead of two). NVLink multicast stays off.
 """
-import argparse
 import os
 import sys
 
@@ -24,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed._symmetric_memory as symm_mem  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_nccl_bw import TIMING, nccl_bw_rows, parse_shapes, print_bw_table, time_ms  # noqa: E402
+from torch_nccl_bw import init, nccl_bw_rows, parse_shapes, print_bw_table, shape_args, time_ms  # noqa: E402
 
 
 def rel_diff(x, ref):
@@ -96,17 +95,10 @@ def gemm_rs_row(m, n, k, group_name, w):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ag", default="", help="AG+GEMM shapes MxNxK,...")
-    ap.add_argument("--rs", default="", help="GEMM+RS shapes MxNxK,...")
+    ap = shape_args(__doc__)
     ap.add_argument("--nccl-bw", action="store_true", help="also the NCCL bandwidth table at these sizes")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10, help="calls per timed batch (5 batches)")
     args = ap.parse_args()
-    TIMING.update(warmup=args.warmup, iters=args.iters)
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    init(args)
     w = dist.get_world_size()
     group_name = dist.group.WORLD.group_name
     if hasattr(symm_mem, "enable_symm_mem_for_group"):  # a no-op (deprecated) in newer torch

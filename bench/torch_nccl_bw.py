@@ -87,17 +87,27 @@ def print_bw_table(rows, w):
               f"{algbw * (w - 1) / w:.0f} |")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def shape_args(doc):
+    """The options both benches take: --ag / --rs shapes, --warmup, --iters."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ag", default="", help="AG+GEMM shapes MxNxK,...")
     ap.add_argument("--rs", default="", help="GEMM+RS shapes MxNxK,...")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10, help="calls per timed batch (5 batches)")
-    args = ap.parse_args()
+    return ap
+
+
+def init(args):
+    """Timing from the options; this torchrun rank's GPU and the NCCL process group."""
     TIMING.update(warmup=args.warmup, iters=args.iters)
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+
+
+def main():
+    args = shape_args(__doc__).parse_args()
+    init(args)
     rows = nccl_bw_rows(parse_shapes(args.ag), parse_shapes(args.rs))
     if dist.get_rank() == 0:
         print_bw_table(rows, dist.get_world_size())

@@ -111,19 +111,15 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
   lanes_ = std::make_unique<detail::RankLanes>(world);
   epochs_ = std::make_unique<detail::CallEpochs>(world);
   // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
-  detail::prepare_engine<AgGemmWaitHooks>(world, [&](int r) {
+  auto passing_hooks = [&](int r) {
     return AgGemmWaitHooks{world.device_context(r), ws_.view(r), plans_[r].ws.tile_ready, plans_[r].comm,
                            plans_[r].gemm.tiles_n(), Epoch{0}};  // epoch 0: every wait passes
-  });
+  };
+  detail::prepare_engine<AgGemmWaitHooks>(world, passing_hooks);
   detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
   bool any_direct = false;
   for (int r : world.local_ranks()) any_direct = any_direct || own_direct(r);
-  if (any_direct) {
-    detail::prepare_engine<AgGemmWaitHooks, true>(world, [&](int r) {
-      return AgGemmWaitHooks{world.device_context(r), ws_.view(r), plans_[r].ws.tile_ready, plans_[r].comm,
-                             plans_[r].gemm.tiles_n(), Epoch{0}};
-    });
-  }
+  if (any_direct) detail::prepare_engine<AgGemmWaitHooks, true>(world, passing_hooks);
 }
 
 AgGemm::~AgGemm() = default;

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/gpu.hpp"
 #include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
@@ -19,6 +20,7 @@ namespace tlc = tilelink::cuda;  // NOTE: plain `cuda::` would be ambiguous with
 
 namespace {
 
+using test::gpu_count;
 using test::random_bf16;
 
 struct Case {
@@ -31,12 +33,6 @@ struct Case {
   int compute_workers = 1;  // GEMM SMs; 0: the rest of the rank's SMs
   tlc::Transport transport = tlc::Transport::kVirtual;
 };
-
-int gpu_count() {
-  int n = 0;
-  TL_CUDA_CHECK(cudaGetDeviceCount(&n));
-  return n;
-}
 
 void run_case(const Case& tc, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "world " << tc.world << " comm SMs " << tc.comm_sms

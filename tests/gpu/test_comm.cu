@@ -12,11 +12,13 @@
 #include <random>
 #include <vector>
 
+#include "../support/gpu.hpp"
 #include "tilelink/backend/cpu/ops.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/ops/cuda/comm.hpp"
 
 using namespace tilelink;
+using tilelink::test::gpu_count;
 namespace tlc = tilelink::cuda;
 
 namespace {
@@ -50,12 +52,6 @@ void sync_devices(const tlc::World& w) {
     on_rank(w, r);
     TL_CUDA_CHECK(cudaDeviceSynchronize());
   }
-}
-
-int gpu_count() {
-  int n = 0;
-  TL_CUDA_CHECK(cudaGetDeviceCount(&n));
-  return n;
 }
 
 RowPartition ragged(std::mt19937& rng, int world, int64_t max_rows) {

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/gpu.hpp"
 #include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
@@ -183,8 +184,7 @@ TEST(GraphCuda, AgGemmWorld1) { ag_graph_case(1, {300}, false); }
 // rank_signals[1] of rank 0: expected >= 2, observed 1" (rank 1's replay never arrived), with or
 // without cudaGraphUpload before it. Graph replay of the fused ops is tested on virtual ranks only.
 TEST(GraphCudaPeer, DISABLED_AgGemmTwoGpus) {
-  int gpus = 0;
-  TL_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  const int gpus = test::gpu_count();
   if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
   ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPull);
   ag_graph_case(2, {512, 300}, false, 0, tlc::Transport::kPeer, CommMode::kPush);

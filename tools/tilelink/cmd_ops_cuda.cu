@@ -288,9 +288,9 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   const int W = world.size();
   AgGemmConfig cfg;
   cfg.mode = p.mode;
-  // --variant auto: push on separate GPUs (peer transport) with the copy engine (the GEMM then reads the rank's own
-  // rows from A_r and starts at once: 1.02-1.09x vs pull's 0.95-1.02x, bench/notes/fused_ops_cuda.md),
-  // pull elsewhere.
+  // --variant auto: push on the peer transport with the copy engine (the GEMM then reads the rank's
+  // own rows from A_r and starts at once: 1.02-1.09x vs pull's 0.95-1.04x,
+  // bench/notes/fused_ops_cuda.md), pull elsewhere.
   if (p.mode_auto && world.transport() == tlc::Transport::kPeer && p.comm_sms == 0) cfg.mode = CommMode::kPush;
   cfg.comm_workers = p.comm_sms;  // 0: the copy engine
   cfg.compute_workers = 0;  // the GEMM takes the rank's SMs less the copy engine's spare ones

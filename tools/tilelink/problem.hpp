@@ -25,7 +25,7 @@ struct OpProblem {
   std::vector<int64_t> split;   // AG+GEMM: N_r; GEMM+RS: K_r
   DType dtype = DType::kBF16;
   CommMode mode = CommMode::kPull;
-  bool mode_auto = true;  // --variant auto: the op's choice (AG on separate GPUs: push, else pull)
+  bool mode_auto = true;  // --variant auto: the op's choice (AG on the peer transport: push, else pull)
   int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
   bool comm_tile_auto = false;  // --comm-tile not given: the CPU takes comm_tile, CUDA ops pick their own
   int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)

@@ -94,7 +94,7 @@ class AgGemm {
   enum class CommPart : uint8_t { kAll, kLocal, kRemote, kDirect };
   void enqueue_comm(int r, const void* a, CommPart part);
   bool local_before_gemm() const;
-  bool own_direct(int r) const;  // push on separate GPUs, own segment on tile rows
+  bool own_direct(int r) const;  // push on the peer transport, own segment on tile rows
   void enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c, bool hooks);
 
   World& world_;

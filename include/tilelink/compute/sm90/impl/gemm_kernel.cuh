@@ -336,12 +336,14 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   const auto problem = make_shape(static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k), 1);
   p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
   if constexpr (kAltA) {
-    // Without a second source, the band is empty and its descriptors repeat A's.
+    // Without a second source, the band is empty and its descriptors repeat A's (they are still
+    // prefetched, so they must be valid).
     const bool alt = args.a_alt != nullptr;
-    const int64_t lda_alt = args.lda_alt ? args.lda_alt : args.k;
+    const void* alt_a = alt ? args.a_alt : args.a;
+    const int64_t alt_lda = alt ? (args.lda_alt ? args.lda_alt : args.k) : lda;
     const int64_t alt_rows = alt ? args.a_alt_rows : args.m;
     typename Mainloop::Arguments alt_args{
-        static_cast<const ElementIn*>(alt ? args.a_alt : args.a), typename Mainloop::StrideA{alt ? lda_alt : lda, Int<1>{}, (alt ? lda_alt : lda) * alt_rows},
+        static_cast<const ElementIn*>(alt_a), typename Mainloop::StrideA{alt_lda, Int<1>{}, alt_lda * alt_rows},
         static_cast<const ElementIn*>(args.b), typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
     const auto alt_problem =
         make_shape(static_cast<int>(alt_rows), static_cast<int>(args.n), static_cast<int>(args.k), 1);
