@@ -135,9 +135,27 @@ int AgGemm::gemm_sms(int rank) const {
   const AgGemmConfig& cfg = plans_[rank].config;
   if (cfg.compute_workers > 0) return cfg.compute_workers;
   if (world_.size() == 1) return total;  // no comm program
-  if (cfg.comm_workers > 0) return total - cfg.comm_workers;  // the comm kernel's SMs
-  if (local_before_gemm()) return total;  // separate GPUs: peer copies leave the SMs alone
+  if (comm_sms(rank) > 0) return total - comm_sms(rank);  // the comm kernel's SMs
+  // Separate GPUs: peer copies leave the SMs alone. In graph mode the signal operations beside the
+  // GEMM are one-thread kernels (backend/cuda/stream_prim.cu), and a GEMM block fills a whole SM, so
+  // kGraphSignalSms are left to them; eager calls use stream memory operations and need none.
+  if (local_before_gemm()) return epochs_->graph_mode() && total > kGraphSignalSms ? total - kGraphSignalSms : total;
   return total > kCopySpareSms ? total - kCopySpareSms : total;
+}
+
+int AgGemm::comm_sms(int rank) const {
+  const AgGemmConfig& cfg = plans_[rank].config;
+  if (cfg.comm_workers > 0) return cfg.comm_workers;
+  // NOTE: measured on two H200s (tests/gpu/test_graph.cu, GraphCudaPeer): a pull on the copy engine
+  // captured in graphs (one per GPU, one process) hangs on the first replay when rank 0's graph is
+  // launched before rank 1's: rank 1's graph does not start (its first kernel never ran) until rank
+  // 0's entry barrier gives up. Launched the other way round, or after one such replay, it passed;
+  // push on the copy engine and the SM-driven pull passed in either order. The graph of the pull
+  // differs from the push's in its memcpy nodes reading the peer's memory. So a captured pull on
+  // separate GPUs moves its tiles on kGraphPullSms SMs (the same pull protocol: peers may be eager).
+  const bool graph_pull = epochs_->graph_mode() && world_.transport() != Transport::kVirtual &&
+                          world_.size() > 1 && cfg.mode == CommMode::kPull;
+  return graph_pull ? kGraphPullSms : 0;
 }
 
 const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ws.gathered.in(ws_.base(rank)); }
@@ -158,10 +176,9 @@ void AgGemm::check_args(const std::vector<const void*>& a, const std::vector<con
 
 void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   const AgGemmPlan& p = plans_[r];
-  if (p.config.comm_workers > 0) {  // SM-driven: the whole comm kernel on the rank's stream
+  if (comm_sms(r) > 0) {  // SM-driven: the whole comm kernel on the rank's stream
     if (part != CommPart::kRemote)
-      launch_ag_comm(world_, p, ws_.view(r), a, epochs_->epoch(r, 1),
-                     CommLaunch{CopyMethod::kBulk, p.config.comm_workers});
+      launch_ag_comm(world_, p, ws_.view(r), a, epochs_->epoch(r, 1), CommLaunch{CopyMethod::kBulk, comm_sms(r)});
     return;
   }
   StreamContext sc{&world_, r, world_.stream(r), "ag_gemm", epochs_->counter(r)};
@@ -252,7 +269,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
   // Separate GPUs: the copy engine is SM-free for peer copies but a same-GPU copy runs on SMs, so the
   // own segment is copied before the GEMM starts (it then holds every SM) and only the peers' tiles
   // overlap with it.
-  if (plans_[world_.local_ranks().front()].config.comm_workers > 0) {
+  if (comm_sms(world_.local_ranks().front()) > 0) {
     // SM-driven comm: its kernel is launched before the GEMM, so its blocks hold their SMs before
     // the persistent GEMM fills the rest (NOTE: launched after it, they could find no free SM while
     // the GEMM spun on the tiles they were to bring; the waits timed out on the H200). Its waits are
@@ -288,7 +305,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
 }
 
 bool AgGemm::local_before_gemm() const {
-  return world_.transport() != Transport::kVirtual && plans_[world_.local_ranks().front()].config.comm_workers == 0;
+  return world_.transport() != Transport::kVirtual && comm_sms(world_.local_ranks().front()) == 0;
 }
 
 void AgGemm::run_comm_only(const std::vector<const void*>& a) {

@@ -7,9 +7,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../support/gpu.hpp"
@@ -44,6 +46,11 @@ class RankGraphs {
       cudaGraphExec_t e = nullptr;
       TL_CUDA_CHECK(cudaStreamEndCapture(world.stream(r), &g));
       TL_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+      if (const char* dir = std::getenv("TL_TEST_GRAPH_DOT")) {  // diagnostics: the captured graphs
+        const std::string path = std::string(dir) + "/graph_" + std::to_string(++dumps_) + "_rank" +
+                                 std::to_string(r) + ".dot";
+        TL_CUDA_CHECK(cudaGraphDebugDotPrint(g, path.c_str(), cudaGraphDebugDotFlagsVerbose));
+      }
       graphs_.push_back(g);
       execs_.push_back(e);
     }
@@ -55,18 +62,22 @@ class RankGraphs {
       cudaGraphDestroy(graphs_[i]);
     }
   }
-  void replay() {
-    for (size_t i = 0; i < execs_.size(); ++i) {
+  // Launches every rank's graph from this thread, in rank order or (reverse) the other way round.
+  void replay(bool reverse = false) {
+    for (size_t j = 0; j < execs_.size(); ++j) {
+      const size_t i = reverse ? execs_.size() - 1 - j : j;
       const int r = world_.local_ranks()[i];
       world_.bind(r);
       TL_CUDA_CHECK(cudaGraphLaunch(execs_[i], world_.stream(r)));
     }
   }
 
+
  private:
   tlc::World& world_;
   std::vector<cudaGraph_t> graphs_;
   std::vector<cudaGraphExec_t> execs_;
+  static inline int dumps_ = 0;
 };
 
 tlc::World make_world(int w, tlc::Transport transport = tlc::Transport::kVirtual) {
@@ -161,9 +172,15 @@ void ag_graph_case(int W, std::vector<int64_t> split, bool unfused, int comm_sms
   world.sync("ag_gemm");
   f.check("eager before capture");
   RankGraphs graphs(world, call);
+  if (transport != tlc::Transport::kVirtual && comm_sms == 0 && !unfused) {
+    const int r = world.local_ranks().front();
+    EXPECT_EQ(op.comm_sms(r), mode == CommMode::kPull ? tlc::AgGemm::kGraphPullSms : 0);
+    EXPECT_EQ(op.gemm_sms(r), world.sm_count(r) - (mode == CommMode::kPull ? tlc::AgGemm::kGraphPullSms
+                                                                            : tlc::AgGemm::kGraphSignalSms));
+  }
   for (int i = 0; i < 4; ++i) {
     f.refresh(10 + i, &op);
-    graphs.replay();
+    graphs.replay(i % 2 == 1);  // both launch orders; the first replay in rank order
     world.sync("ag_gemm (graph)");
     f.check("replay");
     f.refresh(20 + i, &op);
@@ -177,17 +194,33 @@ TEST(GraphCuda, AgGemmWorld2Fused) { ag_graph_case(2, {333, 667}, false); }
 TEST(GraphCuda, AgGemmWorld4Fused) { ag_graph_case(4, {100, 0, 300, 129}, false); }
 TEST(GraphCuda, AgGemmWorld2Unfused) { ag_graph_case(2, {256, 300}, true); }
 TEST(GraphCuda, AgGemmWorld1) { ag_graph_case(1, {300}, false); }
-// Two GPUs: the GEMM holds every SM while the graph's one-thread signal kernels run beside it; push
-// with the own rows on tile rows reads them from A_r (the GEMM launched before the entry barrier).
-// KNOWN BUG (disabled, so gtest lists it): on two H200s (2026-11-29, session 4) the eager call passes
-// and the first replay of the pull case times out in rank 0's entry barrier: "waiting on
-// rank_signals[1] of rank 0: expected >= 2, observed 1" (rank 1's replay never arrived), with or
-// without cudaGraphUpload before it. Graph replay of the fused ops is tested on virtual ranks only.
-TEST(GraphCudaPeer, DISABLED_AgGemmTwoGpus) {
+// Two GPUs, one process, every replay's graphs launched from one thread (rank order, then the other
+// way round). The copy engine's comm program: in graph mode the GEMM leaves kGraphSignalSms to the
+// one-thread signal kernels beside it, and a pull moves its tiles on kGraphPullSms SMs (a captured
+// copy-engine pull hung on its first replay in rank order: ag_gemm_cuda.cu, AgGemm::comm_sms).
+#define TL_NEED_TWO_GPUS()                                                                         \
+  do {                                                                                             \
+    const int gpus = test::gpu_count();                                                            \
+    if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;    \
+  } while (0)
+TEST(GraphCudaPeer, AgGemmPull) {
+  TL_NEED_TWO_GPUS();
+  ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPull);
+}
+TEST(GraphCudaPeer, AgGemmPush) {
+  TL_NEED_TWO_GPUS();
+  ag_graph_case(2, {512, 300}, false, 0, tlc::Transport::kPeer, CommMode::kPush);
+  ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPush);
+}
+TEST(GraphCudaPeer, AgGemmUnfused) {
+  TL_NEED_TWO_GPUS();
+  ag_graph_case(2, {256, 256}, true, 0, tlc::Transport::kPeer);
+}
+
+TEST(GraphCudaPeer, AgGemmSmComm) {
   const int gpus = test::gpu_count();
   if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
-  ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPull);
-  ag_graph_case(2, {512, 300}, false, 0, tlc::Transport::kPeer, CommMode::kPush);
+  ag_graph_case(2, {333, 667}, false, 4, tlc::Transport::kPeer, CommMode::kPull);
 }
 
 TEST(GraphCuda, AgGemm10kCallsEagerThenGraph) {
@@ -293,10 +326,11 @@ struct RsFixture {
 };
 
 void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, bool unfused,
-                   CommMode mode = CommMode::kPull) {
+                   CommMode mode = CommMode::kPull, tlc::Transport transport = tlc::Transport::kVirtual) {
   SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused")
-                                    << (mode == CommMode::kPush ? " push" : " pull"));
-  tlc::World world = make_world(W);
+                                    << (mode == CommMode::kPush ? " push" : " pull") << " "
+                                    << tlc::transport_name(transport));
+  tlc::World world = make_world(W, transport);
   RsFixture f(world, split, 512, ks);
   GemmRsConfig cfg;
   cfg.comm_workers = 2;
@@ -313,7 +347,7 @@ void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, b
   RankGraphs graphs(world, call);
   for (int i = 0; i < 4; ++i) {
     f.refresh(10 + i);
-    graphs.replay();
+    graphs.replay(i % 2 == 1);
     world.sync("gemm_rs (graph)");
     f.check("replay");
     f.refresh(20 + i);
@@ -328,6 +362,13 @@ TEST(GraphCuda, GemmRsWorld4Fused) { rs_graph_case(4, {200, 0, 1, 300}, {128, 64
 TEST(GraphCuda, GemmRsWorld2Unfused) { rs_graph_case(2, {256, 256}, {128, 128}, true); }
 TEST(GraphCuda, GemmRsWorld4Push) { rs_graph_case(4, {200, 0, 1, 300}, {128, 64, 192, 128}, false, CommMode::kPush); }
 TEST(GraphCuda, GemmRsWorld1) { rs_graph_case(1, {300}, {256}, false); }
+TEST(GraphCudaPeer, GemmRsTwoGpus) {
+  const int gpus = test::gpu_count();
+  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
+  rs_graph_case(2, {300, 212}, {256, 128}, false, CommMode::kPull, tlc::Transport::kPeer);
+  rs_graph_case(2, {256, 256}, {128, 192}, false, CommMode::kPush, tlc::Transport::kPeer);
+  rs_graph_case(2, {256, 256}, {128, 128}, true, CommMode::kPull, tlc::Transport::kPeer);
+}
 
 TEST(GraphCuda, GemmRs10kCallsEagerThenGraph) {
   tlc::World world = make_world(2);

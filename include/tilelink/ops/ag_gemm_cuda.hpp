@@ -19,8 +19,9 @@
 // every local rank, cudaStreamCaptureModeRelaxed or ThreadLocal; call; end each capture) and the
 // graphs replayed any number of times, mixed with eager calls. The first captured call switches the
 // op to device-side epochs for good (src/ops/call_epochs.hpp): signals are never reset.
-// KNOWN BUG: replays work on virtual ranks; on two GPUs (peer) the first replay times out in the
-// entry barrier (tests/gpu/test_graph.cu, DISABLED_AgGemmTwoGpus). Eager calls work there.
+// Separate GPUs: from the first capture on, the GEMM leaves kGraphSignalSms to the graph's
+// one-thread signal kernels, and a pull on the copy engine runs on kGraphPullSms SMs instead (see
+// comm_sms; tests/gpu/test_graph.cu, GraphCudaPeer, replays on two GPUs in both launch orders).
 // World 1: nothing to gather; the call is the engine on all SMs reading A directly (gathered() is
 // not written).
 // Separate GPUs (peer, ipc) with the copy engine: pull mode copies the rank's own segment into its
@@ -81,10 +82,16 @@ class AgGemm {
                      const std::vector<void*>& c);
 
   const void* gathered(int rank) const;
-  // SMs the GEMM of `rank` runs on.
+  // SMs the GEMM of `rank` runs on, and the comm program's SMs (0: the copy engine). Both follow
+  // the config, except on separate GPUs once a call has been captured in a CUDA graph: the GEMM
+  // leaves kGraphSignalSms to the graph's one-thread signal kernels, and a pull runs on
+  // kGraphPullSms SMs (ag_gemm_cuda.cu, comm_sms, says why).
   int gemm_sms(int rank) const;
+  int comm_sms(int rank) const;
 
   static constexpr int kCopySpareSms = 4;  // left to the driver's device-to-device copies
+  static constexpr int kGraphSignalSms = 1;  // separate GPUs, graph mode: left to the signal kernels
+  static constexpr int kGraphPullSms = 4;    // separate GPUs, graph mode, pull: the comm kernel's SMs
 
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
