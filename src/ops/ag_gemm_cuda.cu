@@ -246,9 +246,7 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
 bool AgGemm::own_direct(int r) const {
   const AgGemmPlan& p = plans_[r];
   const int64_t begin = p.comm.parts.begin(r), end = p.comm.parts.end(r), tm = compute::sm90::kTileM;
-  // NOTE: peer only for now: the ipc transport (one process per GPU) would take the same path, but it
-  // has not run there yet.
-  return local_before_gemm() && world_.transport() == Transport::kPeer && p.config.mode == CommMode::kPush &&
+  return local_before_gemm() && p.config.mode == CommMode::kPush &&
          end > begin && begin % tm == 0 && (end % tm == 0 || end == p.m());
 }
 
