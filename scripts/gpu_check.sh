@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script that runs every GPU test and the primitive benchmark on a machine with a GPU.
 #   bash scripts/gpu_check.sh [bin-dir]
-# bin-dir: a folder of prebuilt executables (gpu_test_*, gpu_ipc_allgather, tilelink), e.g. the
+# bin-dir: a folder of prebuilt executables (gpu_test_*, gpu_ipc_*, tilelink), e.g. the
 # .carry/cuda folder built on another machine; default: build/ (built here by scripts/setup.sh).
 # TILELINK_GPU_TESTS: a regex of test executables to run (default: all).
 # Logs go to $OUT when set (the device machine's result folder), else out/gpu_check; at most a few
@@ -44,17 +44,19 @@ for t in $(find "$BIN" -maxdepth 3 -type f -name 'gpu_test_*' -perm -u+x | sort)
   [[ -n "${TILELINK_GPU_TESTS:-}" && ! "$name" =~ ${TILELINK_GPU_TESTS} ]] && continue
   run "$name" "$t"
 done
-ipc=$(find "$BIN" -maxdepth 3 -type f -name 'gpu_ipc_allgather' | head -1)
-if [ -n "$ipc" ] && command -v mpirun >/dev/null; then
-  if [[ -z "${TILELINK_GPU_TESTS:-}" || "gpu_ipc_allgather" =~ ${TILELINK_GPU_TESTS} ]]; then
+ipcs=$(find "$BIN" -maxdepth 3 -type f -name 'gpu_ipc_*' -perm -u+x | sort)
+if [ -n "$ipcs" ] && command -v mpirun >/dev/null; then
+  for ipc in $ipcs; do
+    name=$(basename "$ipc")
+    [[ -n "${TILELINK_GPU_TESTS:-}" && ! "$name" =~ ${TILELINK_GPU_TESTS} ]] && continue
     # NOTE: each rank takes GPU (node-local rank % GPUs) (runtime/world.hpp): on a machine of two GPUs
-    # or more the two ranks sit on GPUs 0 and 1 (the test checks it), on one GPU they share it.
-    run gpu_ipc_allgather mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+    # or more the two ranks sit on GPUs 0 and 1 (ipc_allgather checks it), on one GPU they share it.
+    run "$name" mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
       -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS "$ipc"
-    grep -h "^ipc_allgather: [0-9]* ranks" "$LOG/tests.log" | tail -1 >>"$SUMMARY"
-  fi
+  done
+  grep -h "^ipc_allgather: [0-9]* ranks" "$LOG/tests.log" | tail -1 >>"$SUMMARY"
 else
-  echo "SKIP gpu_ipc_allgather (no binary or no mpirun)" | tee -a "$SUMMARY"
+  echo "SKIP gpu_ipc_* (no binary or no mpirun)" | tee -a "$SUMMARY"
 fi
 cli=$(find "$BIN" -maxdepth 3 -type f -name 'tilelink' -perm -u+x | head -1)
 if [ -n "$cli" ]; then

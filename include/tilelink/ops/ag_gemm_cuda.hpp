@@ -26,7 +26,7 @@
 // not written).
 // Separate GPUs (peer, ipc) with the copy engine: pull mode copies the rank's own segment into its
 // gathered buffer before the GEMM starts (a same-GPU copy needs SMs, and the GEMM takes them all);
-// push mode (peer transport; not yet ipc) skips that copy where the own segment starts and ends on
+// push mode skips that copy where the own segment starts and ends on
 // engine tile rows (multiples of 128, or M): the GEMM reads those rows from A_r itself
 // (GemmArgs::a_alt) without waiting, starts at once, and the entry barrier and the pushes run beside
 // it. gathered() then lacks the own rows.
@@ -101,7 +101,7 @@ class AgGemm {
   enum class CommPart : uint8_t { kAll, kLocal, kRemote, kDirect };
   void enqueue_comm(int r, const void* a, CommPart part);
   bool local_before_gemm() const;
-  bool own_direct(int r) const;  // push on the peer transport, own segment on tile rows
+  bool own_direct(int r) const;  // push on separate GPUs, own segment on tile rows
   void enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c, bool hooks);
 
   World& world_;
