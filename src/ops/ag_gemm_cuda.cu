@@ -385,7 +385,9 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
 
 PathChoice AgGemm::choose(OpPath requested) const {
   const int r0 = world_.local_ranks().front();
-  return choose_path(plans_[r0], detail::machine_model(world_, r0, gemm_sms(r0)), requested);
+  MachineModel m = detail::machine_model(world_, r0, gemm_sms(r0));
+  m.own_rows_direct = own_direct(r0);
+  return choose_path(plans_[r0], m, requested);
 }
 
 void AgGemm::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,

@@ -31,12 +31,12 @@ TEST(PathModel, SharedGpuIsNeverFusedByAuto) {
 
 TEST(PathModel, FusedOnlyWhereCommunicationIsARealShare) {
   const MachineModel m = links();
-  // 8192^3 GEMM (~1.7 ms at 650 TFLOP/s): 1 KB of communication cannot pay for 16 SMs.
+  // 8192^3 GEMM (~1.6 ms at 690 TFLOP/s): 1 KB of communication cannot pay for 16 SMs.
   const double flops = 2.0 * 8192 * 8192 * 8192;
   PathChoice tiny = choose_path(flops, 1e3, m, OpPath::kAuto);
   EXPECT_EQ(tiny.path, OpPath::kUnfused) << tiny.why;
   // ~0.9 ms of communication beside ~1.7 ms of GEMM: overlap wins.
-  PathChoice big = choose_path(flops, 0.9e-3 * 400e9, m, OpPath::kAuto);
+  PathChoice big = choose_path(flops, 0.9e-3 * m.link_gbps * 1e9, m, OpPath::kAuto);
   EXPECT_EQ(big.path, OpPath::kFused) << big.why;
   EXPECT_LT(big.fused_us, big.unfused_us);
 }
@@ -92,6 +92,36 @@ TEST(PathModel, MeasuredTwoGpuRowsStayUnfused) {
   const PathChoice few = choose_path(flops, bytes, m, OpPath::kAuto, 4);
   EXPECT_GT(many.fused_us, few.fused_us);
   EXPECT_DOUBLE_EQ(many.unfused_us, few.unfused_us);
+}
+
+// AG+GEMM whose GEMM reads the own rows from A_r (push on separate GPUs): measured on two H200s
+// (peer and ipc, session 5) 1.09-1.14x at 8192x11008x4096 and 1.01-1.04x at 8192x14336x4096 over
+// cuBLAS+NCCL, where the pull path (own rows copied first) measured 0.94-0.98x at 8192x14336x4096.
+TEST(PathModel, OwnRowsDirectTakesTheFusedPathWhereItMeasuredFaster) {
+  MachineModel m = links(132, 0);
+  m.own_rows_direct = true;
+  const double bytes = 4096.0 * 4096 * 2;  // rank 0 receives 4096 rows of K = 4096
+  for (double n_r : {5504.0, 7168.0}) {
+    const PathChoice c = choose_path(2.0 * 8192 * n_r * 4096, bytes, m, OpPath::kAuto, 4);
+    EXPECT_EQ(c.path, OpPath::kFused) << c.why;
+    m.own_rows_direct = false;  // the same shape with the copy first stays unfused
+    EXPECT_EQ(choose_path(2.0 * 8192 * n_r * 4096, bytes, m, OpPath::kAuto, 4).path, OpPath::kUnfused);
+    m.own_rows_direct = true;
+  }
+  // The exposed share is of the communication: no communication, nothing exposed.
+  const PathChoice none = choose_path(1e12, 0, m, OpPath::kAuto, 0);
+  EXPECT_DOUBLE_EQ(none.fused_us, none.unfused_us);
+  EXPECT_EQ(none.path, OpPath::kUnfused);  // no gain, no fused path
+  m.direct_exposed = -1;
+  EXPECT_THROW(choose_path(1e12, 1e6, m, OpPath::kAuto), Error);
+}
+
+// GEMM+RS on two H200s (session 5): fused measured 0.98x at 8192x4096x11008 and 0.92x at
+// 8192x8192x28672 (16 reduce SMs): auto stays unfused.
+TEST(PathModel, MeasuredGemmRsRowsStayUnfused) {
+  const MachineModel m = links(132, 16);
+  EXPECT_EQ(choose_path(2.0 * 8192 * 4096 * 5504, 4096.0 * 4096 * 2, m, OpPath::kAuto).path, OpPath::kUnfused);
+  EXPECT_EQ(choose_path(2.0 * 8192 * 8192 * 14336, 4096.0 * 8192 * 2, m, OpPath::kAuto).path, OpPath::kUnfused);
 }
 
 TEST(PathModel, CommTilesFollowThePlan) {

@@ -4,6 +4,10 @@
 //   unfused = T_gemm(all SMs) + T_comm                  (one after the other, one collective)
 //   fused   = max(T_gemm(the GEMM's SMs), T_comm + tiles * comm_tile_us) + a per-call overhead
 //   T_gemm  = 2*M*N*K / (rate * gemm_sms / sms)         T_comm = bytes moved / link bandwidth
+// AG+GEMM whose GEMM reads the rank's own rows from A_r (push on separate GPUs, own rows on tile
+// rows) starts at once, with no entry barrier or own copy before it: its per-call cost is a share
+// of the communication, not a constant:
+//   fused   = max(T_gemm(the GEMM's SMs), T_comm + tiles * comm_tile_us) + direct_exposed * T_comm
 // fused is chosen when it is predicted at least `margin` faster. When the ranks share one GPU
 // (virtual transport) the communication is a same-GPU copy that competes with the GEMM for the same
 // SMs and memory: measured slower fused at every shape (bench/notes/fused_ops_cuda.md), so unfused.
@@ -26,8 +30,14 @@ struct MachineModel {
   bool ranks_share_gpu = false;  // virtual transport
   int sms = 0;                   // SMs of one rank's GPU (or share): read from the world
   int gemm_sms = 0;              // SMs the fused GEMM runs on (the rest run the comm program)
-  double gemm_tflops = 650;      // sustained bf16 rate on `sms` (bench/notes/gemm.md: 640-800)
-  double link_gbps = 400;        // per rank, one direction (an H200's NVLink is ~450 GB/s)
+  // Sustained bf16 rate on `sms`: the engine and cuBLAS ran 8192x{14336,11008}x4096 / 2 ranks at
+  // 687-700 TFLOP/s, 8192x28672x8192 / 2 at 665-680 (two H200s; bench/notes/gemm.md: 640-800 alone).
+  double gemm_tflops = 690;
+  // Per rank, one direction, as the baseline's collective moves it: cuBLAS+NCCL AG+GEMM with N = 16
+  // (a GEMM of <= 25 us) took 179 us for 32 MiB received and 331-334 us for 64 MiB on two H200s
+  // (NV18; bench/notes/fused_ops_cuda.md, session 5): ~215-235 GB/s of NCCL AllGather, against
+  // 370-390 GB/s that SMs or copy engines move alone (tilelink bench prim).
+  double link_gbps = 250;
   // Signals, the entry barrier, the own segment's copy, the last tile's tail, and what overlap
   // leaves exposed. Measured on two H200s (NV18), peer transport, AG+GEMM 8192x14336x4096 at world
   // 2: fused - T_gemm = 167 us (bench/notes/fused_ops_cuda.md); 15 us (the first guess) made `auto`
@@ -38,6 +48,11 @@ struct MachineModel {
   // peer's signal, the copy, the notify). Measured on two H200s: 64 remote tiles of 64 rows took
   // 1.667 ms at 8192x11008x4096, world 2 (26 us a tile; bench/notes/fused_ops_cuda.md).
   double comm_tile_us = 25;
+  // AG+GEMM reading the own rows from A_r (see above). Measured on two H200s (peer and ipc, world 2,
+  // session 5): fused - T_gemm = 51-83 us at 32 MiB (T_comm 134 us here), 48-145 us at 64 MiB
+  // (268 us): 0.18-0.62 of T_comm.
+  bool own_rows_direct = false;
+  double direct_exposed = 0.6;
 };
 
 struct PathChoice {
