@@ -386,8 +386,12 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
 PathChoice AgGemm::choose(OpPath requested) const {
   const int r0 = world_.local_ranks().front();
   MachineModel m = detail::machine_model(world_, r0, gemm_sms(r0));
-  m.own_rows_direct = own_direct(r0);
-  return choose_path(plans_[r0], m, requested);
+  // NOTE: every rank must take the same path (one process per rank on ipc decides alone), so the
+  // choice is made from every rank's plan, on this GPU's model (the ranks' GPUs alike).
+  return agreed_choice(world_.size(), r0, requested, [&](int r) {
+    m.own_rows_direct = own_direct(r);
+    return choose_path(plans_[r], m, requested);
+  });
 }
 
 void AgGemm::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,

@@ -124,6 +124,37 @@ TEST(PathModel, MeasuredGemmRsRowsStayUnfused) {
   EXPECT_EQ(choose_path(2.0 * 8192 * 8192 * 14336, 4096.0 * 8192 * 2, m, OpPath::kAuto).path, OpPath::kUnfused);
 }
 
+TEST(PathModel, EveryRankTakesTheSamePath) {
+  // Rank 1's plan alone would stay unfused: auto sends every rank (each deciding for itself) unfused.
+  auto choose = [](int r) {
+    PathChoice c;
+    c.path = r == 1 ? OpPath::kUnfused : OpPath::kFused;
+    return c;
+  };
+  for (int mine : {0, 1, 2}) EXPECT_EQ(agreed_choice(3, mine, OpPath::kAuto, choose).path, OpPath::kUnfused) << mine;
+  EXPECT_NE(agreed_choice(3, 0, OpPath::kAuto, choose).why.find("rank 1"), std::string::npos);
+  // All fused: fused; a forced path is kept as it is.
+  auto all = [](int) { PathChoice c; c.path = OpPath::kFused; return c; };
+  EXPECT_EQ(agreed_choice(3, 2, OpPath::kAuto, all).path, OpPath::kFused);
+  EXPECT_EQ(agreed_choice(3, 0, OpPath::kFused, choose).path, OpPath::kFused);
+  // Real plans, rank 0 modelled with its own rows read from A_r and rank 1 with the copy first (as
+  // where a rank's rows start off a 128-row tile row): the two ranks' decisions agree.
+  RowPartition rows = RowPartition::from_counts(std::vector<int64_t>{4096, 4100});
+  AgGemmConfig cfg;
+  cfg.mode = CommMode::kPush;
+  cfg.comm_tile_rows = 1024;
+  const AgGemmPlan p0 = AgGemmPlan::make(0, rows, 5504, 4096, DType::kBF16, cfg);
+  const AgGemmPlan p1 = AgGemmPlan::make(1, rows, 5504, 4096, DType::kBF16, cfg);
+  MachineModel m = links(132, 0);
+  auto model = [&](int r) {
+    m.own_rows_direct = r == 0;
+    return choose_path(r == 0 ? p0 : p1, m, OpPath::kAuto);
+  };
+  EXPECT_EQ(model(0).path, OpPath::kFused);
+  EXPECT_EQ(model(1).path, OpPath::kUnfused);
+  EXPECT_EQ(agreed_choice(2, 0, OpPath::kAuto, model).path, agreed_choice(2, 1, OpPath::kAuto, model).path);
+}
+
 TEST(PathModel, CommTilesFollowThePlan) {
   RowPartition rows = RowPartition::from_counts(std::vector<int64_t>{100, 0, 28});
   AgGemmConfig cfg;

@@ -72,4 +72,21 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
 
+// The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
+// down a different path than the others (each process of an ipc world decides alone, on the same
+// inputs: all of them then agree). choose(r): the model's choice for rank r's plan.
+template <class Choose>
+PathChoice agreed_choice(int world_size, int mine, OpPath requested, Choose&& choose) {
+  PathChoice c = choose(mine);
+  if (requested != OpPath::kAuto || c.path != OpPath::kFused) return c;
+  for (int r = 0; r < world_size; ++r) {
+    if (r == mine || choose(r).path == OpPath::kFused) continue;
+    c.path = OpPath::kUnfused;
+    c.why += "; unfused: the model does not favour fused for rank " + std::to_string(r) +
+             ", and every rank takes the same path";
+    break;
+  }
+  return c;
+}
+
 }  // namespace tilelink
