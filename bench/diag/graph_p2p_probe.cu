@@ -1,12 +1,16 @@
-// Does a CUDA graph on one GPU hold back another GPU's graph? Two GPUs, one process, one host thread.
+// Does a CUDA graph on one GPU hold back another GPU's graph? Two GPUs, one process, one host
+// thread.
 //
-//   graph A (GPU 0): a one-thread kernel that waits (bounded) for a flag on GPU 0, then a memcpy node
-//                    that touches GPU 1's memory (pull: GPU 1 -> GPU 0, push: GPU 0 -> GPU 1) or none
+//   graph A (GPU 0): a one-thread kernel that waits (bounded) for a flag on GPU 0, then a memcpy
+//   node
+//                    that touches GPU 1's memory (pull: GPU 1 -> GPU 0, push: GPU 0 -> GPU 1) or
+//                    none
 //   graph B (GPU 1): a one-thread kernel that sets that flag (a peer store), then the mirror memcpy
 //
 // A is launched first, then B (and the other way round). If B cannot start while A is running, A's
-// wait gives up after ~2 s and says so. Each case captures once and launches twice (the first launch
-// of a graph, then a second). A eager (no graph on GPU 0) is the control. One line per case and launch.
+// wait gives up after ~2 s and says so. Each case captures once and launches twice (the first
+// launch of a graph, then a second). A eager (no graph on GPU 0) is the control. One line per case
+// and launch.
 //
 //   graph_p2p_probe          (needs 2 GPUs with peer access)
 #include <cuda_runtime_api.h>
@@ -16,13 +20,13 @@
 #include <cstdlib>
 #include <string>
 
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 namespace {
@@ -45,7 +49,9 @@ __global__ void set_flag(unsigned long long* flag, unsigned long long v) {
 }
 
 enum class Copy { kNone, kPull, kPush };
-const char* name(Copy c) { return c == Copy::kNone ? "no memcpy" : c == Copy::kPull ? "pull memcpy" : "push memcpy"; }
+const char* name(Copy c) {
+  return c == Copy::kNone ? "no memcpy" : c == Copy::kPull ? "pull memcpy" : "push memcpy";
+}
 
 // Stream capture of `enqueue` on device `dev`'s stream s.
 template <class Fn>
@@ -100,8 +106,10 @@ void run_case(Copy copy, bool b_first, bool a_eager) {
     *status = 99;
     auto launch_a = [&] {
       CHECK(cudaSetDevice(0));
-      if (a) CHECK(cudaGraphLaunch(a, s0));
-      else enqueue_a();
+      if (a)
+        CHECK(cudaGraphLaunch(a, s0));
+      else
+        enqueue_a();
     };
     auto launch_b = [&] {
       CHECK(cudaSetDevice(1));
@@ -119,7 +127,10 @@ void run_case(Copy copy, bool b_first, bool a_eager) {
     CHECK(cudaSetDevice(1));
     CHECK(cudaStreamSynchronize(s1));
     std::printf("%-12s A %s, %s first, launch %d: %s\n", name(copy), a_eager ? "eager" : "graph",
-                b_first ? "B" : "A", launch, *status == 0 ? "ok" : *status == 1 ? "A timed out" : "A never ran");
+                b_first ? "B" : "A", launch,
+                *status == 0   ? "ok"
+                : *status == 1 ? "A timed out"
+                               : "A never ran");
   }
   if (a) CHECK(cudaGraphExecDestroy(a));
   CHECK(cudaGraphExecDestroy(b));

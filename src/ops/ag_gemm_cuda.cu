@@ -137,9 +137,10 @@ int AgGemm::gemm_sms(int rank) const {
   if (world_.size() == 1) return total;  // no comm program
   if (comm_sms(rank) > 0) return total - comm_sms(rank);  // the comm kernel's SMs
   // Separate GPUs: peer copies leave the SMs alone. In graph mode the signal operations beside the
-  // GEMM are one-thread kernels (backend/cuda/stream_prim.cu), and a GEMM block fills a whole SM, so
-  // kGraphSignalSms are left to them; eager calls use stream memory operations and need none.
-  if (local_before_gemm()) return epochs_->graph_mode() && total > kGraphSignalSms ? total - kGraphSignalSms : total;
+  // GEMM are one-thread kernels (backend/cuda/stream_prim.cu), and a GEMM block fills a whole SM,
+  // so kGraphSignalSms are left to them; eager calls use stream memory operations and need none.
+  if (local_before_gemm())
+    return epochs_->graph_mode() && total > kGraphSignalSms ? total - kGraphSignalSms : total;
   return total > kCopySpareSms ? total - kCopySpareSms : total;
 }
 
@@ -152,7 +153,8 @@ int AgGemm::comm_sms(int rank) const {
   // 0's entry barrier gives up. Launched the other way round, or after one such replay, it passed;
   // push on the copy engine and the SM-driven pull passed in either order. The graph of the pull
   // differs from the push's in its memcpy nodes reading the peer's memory. So a captured pull on
-  // separate GPUs moves its tiles on kGraphPullSms SMs (the same pull protocol: peers may be eager).
+  // separate GPUs moves its tiles on kGraphPullSms SMs (the same pull protocol: peers may be
+  // eager).
   const bool graph_pull = epochs_->graph_mode() && world_.transport() != Transport::kVirtual &&
                           world_.size() > 1 && cfg.mode == CommMode::kPull;
   return graph_pull ? kGraphPullSms : 0;
@@ -178,7 +180,8 @@ void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   const AgGemmPlan& p = plans_[r];
   if (comm_sms(r) > 0) {  // SM-driven: the whole comm kernel on the rank's stream
     if (part != CommPart::kRemote)
-      launch_ag_comm(world_, p, ws_.view(r), a, epochs_->epoch(r, 1), CommLaunch{CopyMethod::kBulk, comm_sms(r)});
+      launch_ag_comm(world_, p, ws_.view(r), a, epochs_->epoch(r, 1),
+                     CommLaunch{CopyMethod::kBulk, comm_sms(r)});
     return;
   }
   StreamContext sc{&world_, r, world_.stream(r), "ag_gemm", epochs_->counter(r)};
@@ -246,8 +249,8 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
 bool AgGemm::own_direct(int r) const {
   const AgGemmPlan& p = plans_[r];
   const int64_t begin = p.comm.parts.begin(r), end = p.comm.parts.end(r), tm = compute::sm90::kTileM;
-  return local_before_gemm() && p.config.mode == CommMode::kPush &&
-         end > begin && begin % tm == 0 && (end % tm == 0 || end == p.m());
+  return local_before_gemm() && p.config.mode == CommMode::kPush && end > begin &&
+         begin % tm == 0 && (end % tm == 0 || end == p.m());
 }
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,

@@ -37,7 +37,8 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
              "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms ("
                                                                << m.sms << ")");
   TL_REQUIRE(m.gemm_tflops > 0 && m.link_gbps > 0, "path model: rates must be positive");
-  TL_REQUIRE(m.direct_exposed >= 0, "path model: direct_exposed must be >= 0, got " << m.direct_exposed);
+  TL_REQUIRE(m.direct_exposed >= 0,
+             "path model: direct_exposed must be >= 0, got " << m.direct_exposed);
   PathChoice c;
   if (requested != OpPath::kAuto) {
     c.path = requested;
@@ -55,7 +56,8 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
   const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
   const double t_comm_tiled = t_comm + comm_tiles * m.comm_tile_us;
   c.unfused_us = t_gemm_all + t_comm;
-  c.fused_us = std::max(t_gemm_fused, t_comm_tiled) + (m.own_rows_direct ? m.direct_exposed * t_comm : m.fused_overhead_us);
+  c.fused_us = std::max(t_gemm_fused, t_comm_tiled) +
+               (m.own_rows_direct ? m.direct_exposed * t_comm : m.fused_overhead_us);
   c.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
   std::ostringstream os;
   os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (gemm "

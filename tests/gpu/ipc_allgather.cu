@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/mpi_main.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/ops/cuda/comm.hpp"
 
@@ -20,15 +21,9 @@ using namespace tilelink;
 namespace tlc = tilelink::cuda;
 
 int main(int argc, char** argv) {
-#if !defined(TILELINK_HAS_MPI)
-  (void)argc;
-  (void)argv;
-  std::printf("ipc_allgather: built without MPI, skipped\n");
-  return 0;
-#else
-  MPI_Init(&argc, &argv);
-  int failures = 0;
-  try {
+  return tilelink::test::mpi_main(argc, argv, "ipc_allgather", [] {
+    int failures = 0;
+#if defined(TILELINK_HAS_MPI)
     tlc::World w({.transport = tlc::Transport::kIpc});
     const int me = w.local_ranks().at(0), world = w.size();
     int gpus = 0;
@@ -37,7 +32,8 @@ int main(int argc, char** argv) {
     const int mine = w.device(me);
     MPI_Allgather(&mine, 1, MPI_INT, devices.data(), 1, MPI_INT, MPI_COMM_WORLD);
     int distinct = 0;
-    for (int r = 0; r < world; ++r) distinct += std::count(devices.begin(), devices.begin() + r, devices[r]) == 0;
+    for (int r = 0; r < world; ++r)
+      distinct += std::count(devices.begin(), devices.begin() + r, devices[r]) == 0;
     if (me == 0) {
       std::printf("ipc_allgather: %d ranks, %d GPUs here; rank -> GPU:", world, gpus);
       for (int r = 0; r < world; ++r) std::printf(" %d->%d", r, devices[r]);
@@ -88,13 +84,7 @@ int main(int argc, char** argv) {
           cudaFree(a_dev);
         }
       }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ipc_allgather: error: %s\n", e.what());
-    failures += 1;
-  }
-  int all = 0;
-  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return all == 0 ? 0 : 1;
 #endif
+    return failures;
+  });
 }

@@ -1,9 +1,10 @@
 // The fused ops in CUDA graphs on the ipc transport: one process per rank (mpirun -np 2), each
 // capturing its own call on its own stream and replaying it. Per case: an eager call, a capture,
-// then four rounds of (fresh inputs, outputs and AG's gathered buffer poisoned, a replay, a check, an
-// eager call, a check), every check against a float64 reference of all ranks' inputs (generated
+// then four rounds of (fresh inputs, outputs and AG's gathered buffer poisoned, a replay, a check,
+// an eager call, a check), every check against a float64 reference of all ranks' inputs (generated
 // from seeds every rank knows). Cases: AG+GEMM pull and push on the copy engine (push with the own
-// rows on tile rows and off them), GEMM+RS pull and push. Without MPI in the build it reports a skip.
+// rows on tile rows and off them), GEMM+RS pull and push. Without MPI in the build it reports a
+// skip.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/mpi_main.hpp"
 #include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
@@ -45,7 +47,8 @@ void* upload(const std::vector<BF16>& h) {
 // One process's graph of `call` on `stream`: eager first, then capture, then rounds of `refresh`,
 // replay, `check`, eager call, `check`. Returns the failed checks.
 int graph_rounds(tlc::World& w, const std::string& name, const std::function<void()>& call,
-                 const std::function<void(int)>& refresh, const std::function<bool(const char*)>& check) {
+                 const std::function<void(int)>& refresh,
+                 const std::function<bool(const char*)>& check) {
   const int me = w.local_ranks().front();
   cudaStream_t s = w.stream(me);
   int failures = 0;
@@ -79,7 +82,8 @@ int graph_rounds(tlc::World& w, const std::string& name, const std::function<voi
   }
   TL_CUDA_CHECK(cudaGraphExecDestroy(e));
   TL_CUDA_CHECK(cudaGraphDestroy(g));
-  std::printf("ipc_graph rank %d/%d %s: %s\n", me, w.size(), name.c_str(), failures ? "FAILED" : "OK");
+  std::printf("ipc_graph rank %d/%d %s: %s\n", me, w.size(), name.c_str(),
+              failures ? "FAILED" : "OK");
   return failures;
 }
 
@@ -96,7 +100,8 @@ int ag_case(tlc::World& w, std::vector<int64_t> split, CommMode mode) {
   const std::vector<BF16> hb = seeded_bf16(n_r * k, 500 + me);
   std::vector<void*> a(W, nullptr), b(W, nullptr), c(W, nullptr);
   b[me] = upload(hb);
-  TL_CUDA_CHECK(cudaMalloc(&a[me], rows.size(me) * k * 2 + 16));  // a graph bakes the pointers: in place
+  TL_CUDA_CHECK(
+      cudaMalloc(&a[me], rows.size(me) * k * 2 + 16));  // a graph bakes the pointers: in place
   TL_CUDA_CHECK(cudaMalloc(&c[me], M * n_r * 2));
   std::vector<BF16> a_full;
   auto refresh = [&](int round) {
@@ -105,7 +110,8 @@ int ag_case(tlc::World& w, std::vector<int64_t> split, CommMode mode) {
     for (int r = 0; r < W; ++r) {
       auto ha = seeded_bf16(rows.size(r) * k, 1000 * round + r);
       a_full.insert(a_full.end(), ha.begin(), ha.end());
-      if (r == me && !ha.empty()) TL_CUDA_CHECK(cudaMemcpy(a[me], ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+      if (r == me && !ha.empty())
+        TL_CUDA_CHECK(cudaMemcpy(a[me], ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
     }
     TL_CUDA_CHECK(cudaMemset(c[me], 0xff, M * n_r * 2));
     TL_CUDA_CHECK(cudaMemset(const_cast<void*>(op.gathered(me)), 0xff, M * k * 2));
@@ -114,17 +120,20 @@ int ag_case(tlc::World& w, std::vector<int64_t> split, CommMode mode) {
   auto check = [&](const char* what) {
     std::vector<BF16> out(M * n_r);
     TL_CUDA_CHECK(cudaMemcpy(out.data(), c[me], out.size() * 2, cudaMemcpyDeviceToHost));
-    const double err = relative_error(out.data(), DType::kBF16,
-                                      gemm_reference_f64(a_full.data(), hb.data(), DType::kBF16, M, n_r, k));
+    const double err =
+        relative_error(out.data(), DType::kBF16,
+                       gemm_reference_f64(a_full.data(), hb.data(), DType::kBF16, M, n_r, k));
     if (err < kTolerance) return true;
     std::fprintf(stderr, "ipc_graph rank %d: ag_gemm %s: relative error %.3e\n", me, what, err);
     return false;
   };
-  std::string name = std::string("ag_gemm ") + (mode == CommMode::kPush ? "push" : "pull") + " split";
+  std::string name =
+      std::string("ag_gemm ") + (mode == CommMode::kPush ? "push" : "pull") + " split";
   for (int64_t s : split) name += " " + std::to_string(s);
   const std::vector<const void*> cb(b.begin(), b.end());
   const int failures = graph_rounds(
-      w, name, [&] { op.run(std::vector<const void*>(a.begin(), a.end()), cb, c); }, refresh, check);
+      w, name, [&] { op.run(std::vector<const void*>(a.begin(), a.end()), cb, c); }, refresh,
+      check);
   TL_CUDA_CHECK(cudaDeviceSynchronize());
   cudaFree(a[me]);
   cudaFree(b[me]);
@@ -152,7 +161,8 @@ int rs_case(tlc::World& w, std::vector<int64_t> split, std::vector<int64_t> ks, 
     TL_CUDA_CHECK(cudaDeviceSynchronize());
     want.assign(rows.size(me) * n, 0.0);
     for (int r = 0; r < W; ++r) {
-      auto ha = seeded_bf16(M * ks[r], 2000 * round + r), hb = seeded_bf16(n * ks[r], 3000 * round + r);
+      auto ha = seeded_bf16(M * ks[r], 2000 * round + r),
+           hb = seeded_bf16(n * ks[r], 3000 * round + r);
       const auto full = gemm_reference_f64(ha.data(), hb.data(), DType::kBF16, M, n, ks[r]);
       for (size_t i = 0; i < want.size(); ++i) want[i] += full[rows.begin(me) * n + i];
       if (r == me) {
@@ -174,7 +184,10 @@ int rs_case(tlc::World& w, std::vector<int64_t> split, std::vector<int64_t> ks, 
   const std::string name = std::string("gemm_rs ") + (mode == CommMode::kPush ? "push" : "pull");
   const int failures = graph_rounds(
       w, name,
-      [&] { op.run(std::vector<const void*>(a.begin(), a.end()), std::vector<const void*>(b.begin(), b.end()), c); },
+      [&] {
+        op.run(std::vector<const void*>(a.begin(), a.end()),
+               std::vector<const void*>(b.begin(), b.end()), c);
+      },
       refresh, check);
   TL_CUDA_CHECK(cudaDeviceSynchronize());
   cudaFree(a[me]);
@@ -187,32 +200,21 @@ int rs_case(tlc::World& w, std::vector<int64_t> split, std::vector<int64_t> ks, 
 #endif
 
 int main(int argc, char** argv) {
-#if !defined(TILELINK_HAS_MPI)
-  (void)argc;
-  (void)argv;
-  std::printf("ipc_graph: built without MPI, skipped\n");
-  return 0;
-#else
-  MPI_Init(&argc, &argv);
-  int failures = 0;
-  try {
+  return tilelink::test::mpi_main(argc, argv, "ipc_graph", [] {
+#if defined(TILELINK_HAS_MPI)
     tlc::WorldOptions wo;
     wo.transport = tlc::Transport::kIpc;
     wo.timeout = std::chrono::milliseconds(10000);
     tlc::World w(wo);
     TL_REQUIRE(w.size() == 2, "ipc_graph runs with 2 ranks (mpirun -np 2), got " << w.size());
-    failures += ag_case(w, {333, 667}, CommMode::kPull);
+    int failures = ag_case(w, {333, 667}, CommMode::kPull);
     failures += ag_case(w, {512, 300}, CommMode::kPush);  // own rows on tile rows: read from A_r
     failures += ag_case(w, {333, 667}, CommMode::kPush);  // off tile rows: copied first
     failures += rs_case(w, {300, 212}, {256, 128}, CommMode::kPull);
     failures += rs_case(w, {256, 256}, {128, 192}, CommMode::kPush);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ipc_graph: error: %s\n", e.what());
-    failures += 1;
-  }
-  int all = 0;
-  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return all == 0 ? 0 : 1;
+    return failures;
+#else
+    return 0;
 #endif
+  });
 }

@@ -3,9 +3,8 @@
 // poisoned between replays; for AG+GEMM the gathered buffer too, so a GEMM that did not wait reads
 // NaN), eager calls and replays mix, and 10,000 calls in a row (eager, and graph replays) end with a
 // correct result and no hang.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -71,7 +70,6 @@ class RankGraphs {
       TL_CUDA_CHECK(cudaGraphLaunch(execs_[i], world_.stream(r)));
     }
   }
-
 
  private:
   tlc::World& world_;
@@ -175,8 +173,9 @@ void ag_graph_case(int W, std::vector<int64_t> split, bool unfused, int comm_sms
   if (transport != tlc::Transport::kVirtual && comm_sms == 0 && !unfused) {
     const int r = world.local_ranks().front();
     EXPECT_EQ(op.comm_sms(r), mode == CommMode::kPull ? tlc::AgGemm::kGraphPullSms : 0);
-    EXPECT_EQ(op.gemm_sms(r), world.sm_count(r) - (mode == CommMode::kPull ? tlc::AgGemm::kGraphPullSms
-                                                                            : tlc::AgGemm::kGraphSignalSms));
+    EXPECT_EQ(op.gemm_sms(r),
+              world.sm_count(r) - (mode == CommMode::kPull ? tlc::AgGemm::kGraphPullSms
+                                                           : tlc::AgGemm::kGraphSignalSms));
   }
   for (int i = 0; i < 4; ++i) {
     f.refresh(10 + i, &op);
@@ -198,10 +197,10 @@ TEST(GraphCuda, AgGemmWorld1) { ag_graph_case(1, {300}, false); }
 // way round). The copy engine's comm program: in graph mode the GEMM leaves kGraphSignalSms to the
 // one-thread signal kernels beside it, and a pull moves its tiles on kGraphPullSms SMs (a captured
 // copy-engine pull hung on its first replay in rank order: ag_gemm_cuda.cu, AgGemm::comm_sms).
-#define TL_NEED_TWO_GPUS()                                                                         \
-  do {                                                                                             \
-    const int gpus = test::gpu_count();                                                            \
-    if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;    \
+#define TL_NEED_TWO_GPUS()                                                                      \
+  do {                                                                                          \
+    const int gpus = test::gpu_count();                                                         \
+    if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus; \
   } while (0)
 TEST(GraphCudaPeer, AgGemmPull) {
   TL_NEED_TWO_GPUS();
@@ -326,7 +325,8 @@ struct RsFixture {
 };
 
 void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, bool unfused,
-                   CommMode mode = CommMode::kPull, tlc::Transport transport = tlc::Transport::kVirtual) {
+                   CommMode mode = CommMode::kPull,
+                   tlc::Transport transport = tlc::Transport::kVirtual) {
   SCOPED_TRACE(::testing::Message() << "world " << W << (unfused ? " unfused" : " fused")
                                     << (mode == CommMode::kPush ? " push" : " pull") << " "
                                     << tlc::transport_name(transport));

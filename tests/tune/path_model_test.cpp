@@ -105,7 +105,8 @@ TEST(PathModel, OwnRowsDirectTakesTheFusedPathWhereItMeasuredFaster) {
     const PathChoice c = choose_path(2.0 * 8192 * n_r * 4096, bytes, m, OpPath::kAuto, 4);
     EXPECT_EQ(c.path, OpPath::kFused) << c.why;
     m.own_rows_direct = false;  // the same shape with the copy first stays unfused
-    EXPECT_EQ(choose_path(2.0 * 8192 * n_r * 4096, bytes, m, OpPath::kAuto, 4).path, OpPath::kUnfused);
+    EXPECT_EQ(choose_path(2.0 * 8192 * n_r * 4096, bytes, m, OpPath::kAuto, 4).path,
+              OpPath::kUnfused);
     m.own_rows_direct = true;
   }
   // The exposed share is of the communication: no communication, nothing exposed.
@@ -120,21 +121,29 @@ TEST(PathModel, OwnRowsDirectTakesTheFusedPathWhereItMeasuredFaster) {
 // 8192x8192x28672 (16 reduce SMs): auto stays unfused.
 TEST(PathModel, MeasuredGemmRsRowsStayUnfused) {
   const MachineModel m = links(132, 16);
-  EXPECT_EQ(choose_path(2.0 * 8192 * 4096 * 5504, 4096.0 * 4096 * 2, m, OpPath::kAuto).path, OpPath::kUnfused);
-  EXPECT_EQ(choose_path(2.0 * 8192 * 8192 * 14336, 4096.0 * 8192 * 2, m, OpPath::kAuto).path, OpPath::kUnfused);
+  EXPECT_EQ(choose_path(2.0 * 8192 * 4096 * 5504, 4096.0 * 4096 * 2, m, OpPath::kAuto).path,
+            OpPath::kUnfused);
+  EXPECT_EQ(choose_path(2.0 * 8192 * 8192 * 14336, 4096.0 * 8192 * 2, m, OpPath::kAuto).path,
+            OpPath::kUnfused);
 }
 
 TEST(PathModel, EveryRankTakesTheSamePath) {
-  // Rank 1's plan alone would stay unfused: auto sends every rank (each deciding for itself) unfused.
+  // Rank 1's plan alone would stay unfused: auto sends every rank (each deciding for itself)
+  // unfused.
   auto choose = [](int r) {
     PathChoice c;
     c.path = r == 1 ? OpPath::kUnfused : OpPath::kFused;
     return c;
   };
-  for (int mine : {0, 1, 2}) EXPECT_EQ(agreed_choice(3, mine, OpPath::kAuto, choose).path, OpPath::kUnfused) << mine;
+  for (int mine : {0, 1, 2})
+    EXPECT_EQ(agreed_choice(3, mine, OpPath::kAuto, choose).path, OpPath::kUnfused) << mine;
   EXPECT_NE(agreed_choice(3, 0, OpPath::kAuto, choose).why.find("rank 1"), std::string::npos);
   // All fused: fused; a forced path is kept as it is.
-  auto all = [](int) { PathChoice c; c.path = OpPath::kFused; return c; };
+  auto all = [](int) {
+    PathChoice c;
+    c.path = OpPath::kFused;
+    return c;
+  };
   EXPECT_EQ(agreed_choice(3, 2, OpPath::kAuto, all).path, OpPath::kFused);
   EXPECT_EQ(agreed_choice(3, 0, OpPath::kFused, choose).path, OpPath::kFused);
   // Real plans, rank 0 modelled with its own rows read from A_r and rank 1 with the copy first (as
@@ -152,7 +161,8 @@ TEST(PathModel, EveryRankTakesTheSamePath) {
   };
   EXPECT_EQ(model(0).path, OpPath::kFused);
   EXPECT_EQ(model(1).path, OpPath::kUnfused);
-  EXPECT_EQ(agreed_choice(2, 0, OpPath::kAuto, model).path, agreed_choice(2, 1, OpPath::kAuto, model).path);
+  EXPECT_EQ(agreed_choice(2, 0, OpPath::kAuto, model).path,
+            agreed_choice(2, 1, OpPath::kAuto, model).path);
 }
 
 TEST(PathModel, CommTilesFollowThePlan) {

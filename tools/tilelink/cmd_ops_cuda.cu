@@ -291,7 +291,8 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   // --variant auto: push on separate GPUs (peer, ipc) with the copy engine (the GEMM then reads the
   // rank's own rows from A_r and starts at once: 1.02-1.09x vs pull's 0.95-1.04x on peer,
   // bench/notes/fused_ops_cuda.md), pull elsewhere.
-  if (p.mode_auto && world.transport() != tlc::Transport::kVirtual && p.comm_sms == 0) cfg.mode = CommMode::kPush;
+  if (p.mode_auto && world.transport() != tlc::Transport::kVirtual && p.comm_sms == 0)
+    cfg.mode = CommMode::kPush;
   cfg.comm_workers = p.comm_sms;  // 0: the copy engine
   cfg.compute_workers = 0;  // the GEMM takes the rank's SMs less the copy engine's spare ones
   // Without --comm-tile: about 4 tiles a segment, multiples of 128 rows. Each copy-engine tile costs

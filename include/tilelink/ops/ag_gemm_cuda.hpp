@@ -4,10 +4,12 @@
 //                    the rank's stream, the GEMM on a second stream of the rank: the entry barrier,
 //                    then per comm tile in the plan's pull order: wait for the owner's tile_ready
 //                    (stream wait-value), cudaMemcpy2DAsync into the gathered buffer, notify own
-//                    tile_ready (stream write-value, a release). Push mode: own tiles into every peer.
+//                    tile_ready (stream write-value, a release). Push mode: own tiles into every
+//                    peer.
 //   compute program  the sm90 GEMM engine on the rank's stream and SMs; its load warp waits, per
-//                    output tile, on the tile_ready slots of the comm tiles covering the tile's rows
-//                    (plan.waits_for), before the tile's first TMA load. Local-first tile order.
+//                    output tile, on the tile_ready slots of the comm tiles covering the tile's
+//                    rows (plan.waits_for), before the tile's first TMA load. Local-first tile
+//                    order.
 //   baseline         copy-engine AllGather (barrier, copies, barrier), then cuBLAS.
 //
 //   cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = 4});
@@ -28,8 +30,8 @@
 // gathered buffer before the GEMM starts (a same-GPU copy needs SMs, and the GEMM takes them all);
 // push mode skips that copy where the own segment starts and ends on
 // engine tile rows (multiples of 128, or M): the GEMM reads those rows from A_r itself
-// (GemmArgs::a_alt) without waiting, starts at once, and the entry barrier and the pushes run beside
-// it. gathered() then lacks the own rows.
+// (GemmArgs::a_alt) without waiting, starts at once, and the entry barrier and the pushes run
+// beside it. gathered() then lacks the own rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -90,8 +92,9 @@ class AgGemm {
   int comm_sms(int rank) const;
 
   static constexpr int kCopySpareSms = 4;  // left to the driver's device-to-device copies
-  static constexpr int kGraphSignalSms = 1;  // separate GPUs, graph mode: left to the signal kernels
-  static constexpr int kGraphPullSms = 4;    // separate GPUs, graph mode, pull: the comm kernel's SMs
+  // Separate GPUs, graph mode: the SMs left to the signal kernels, and a pull's comm kernel's SMs.
+  static constexpr int kGraphSignalSms = 1;
+  static constexpr int kGraphPullSms = 4;
 
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,

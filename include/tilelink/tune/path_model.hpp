@@ -31,7 +31,8 @@ struct MachineModel {
   int sms = 0;                   // SMs of one rank's GPU (or share): read from the world
   int gemm_sms = 0;              // SMs the fused GEMM runs on (the rest run the comm program)
   // Sustained bf16 rate on `sms`: the engine and cuBLAS ran 8192x{14336,11008}x4096 / 2 ranks at
-  // 687-700 TFLOP/s, 8192x28672x8192 / 2 at 665-680 (two H200s; bench/notes/gemm.md: 640-800 alone).
+  // 687-700 TFLOP/s, 8192x28672x8192 / 2 at 665-680 (two H200s; bench/notes/gemm.md: 640-800
+  // alone).
   double gemm_tflops = 690;
   // Per rank, one direction, as the baseline's collective moves it: cuBLAS+NCCL AG+GEMM with N = 16
   // (a GEMM of <= 25 us) took 179 us for 32 MiB received and 331-334 us for 64 MiB on two H200s
@@ -48,8 +49,8 @@ struct MachineModel {
   // peer's signal, the copy, the notify). Measured on two H200s: 64 remote tiles of 64 rows took
   // 1.667 ms at 8192x11008x4096, world 2 (26 us a tile; bench/notes/fused_ops_cuda.md).
   double comm_tile_us = 25;
-  // AG+GEMM reading the own rows from A_r (see above). Measured on two H200s (peer and ipc, world 2,
-  // session 5): fused - T_gemm = 51-83 us at 32 MiB (T_comm 134 us here), 48-145 us at 64 MiB
+  // AG+GEMM reading the own rows from A_r (see above). Measured on two H200s (peer and ipc, world
+  // 2, session 5): fused - T_gemm = 51-83 us at 32 MiB (T_comm 134 us here), 48-145 us at 64 MiB
   // (268 us): 0.18-0.62 of T_comm.
   bool own_rows_direct = false;
   double direct_exposed = 0.6;
