@@ -20,7 +20,6 @@ namespace tlc = tilelink::cuda;  // NOTE: plain `cuda::` would be ambiguous with
 
 namespace {
 
-using test::gpu_count;
 using test::random_bf16;
 
 struct Case {
@@ -152,8 +151,7 @@ TEST(AgGemmCuda, World8SmCommPull) { run_case({8, {300, 17, 512, 1, 256, 300, 0,
 // the own segment before the GEMM; push on tile rows reads it from A_r (rank 1's ends at a ragged M);
 // push off tile rows falls back to the copy.
 TEST(AgGemmCudaPeer, TwoGpus) {
-  const int gpus = gpu_count();
-  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
+  TL_SKIP_UNLESS_GPUS(2);
   const auto peer = tlc::Transport::kPeer;
   run_case({2, {1536, 1700}, 1024, 512, CommMode::kPull, 512, 0, 0, peer}, 11);
   run_case({2, {1024, 1000}, 1024, 512, CommMode::kPush, 256, 0, 0, peer}, 12);  // own rows from A_r

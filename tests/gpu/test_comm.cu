@@ -229,8 +229,8 @@ TEST(CommRs, UnalignedColumnsAndOtherDtypes) {
 // ---- peer transport: one process, one GPU per rank (NVLink / PCIe peer access) ----------------------
 
 TEST(CommPeer, AgMatchesCpuOnSeveralGpus) {
+  TL_SKIP_UNLESS_GPUS(2);
   const int gpus = gpu_count();
-  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs or more; this machine has " << gpus;
   const auto peer = tlc::Transport::kPeer;
   uint32_t seed = 2000;
   for (int world = 2; world <= std::min(gpus, 8); ++world) {
@@ -247,8 +247,8 @@ TEST(CommPeer, AgMatchesCpuOnSeveralGpus) {
 }
 
 TEST(CommPeer, RsMatchesCpuOnSeveralGpus) {
+  TL_SKIP_UNLESS_GPUS(2);
   const int gpus = gpu_count();
-  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs or more; this machine has " << gpus;
   const auto peer = tlc::Transport::kPeer;
   uint32_t seed = 3000;
   for (int world = 2; world <= std::min(gpus, 8); ++world) {

@@ -197,28 +197,22 @@ TEST(GraphCuda, AgGemmWorld1) { ag_graph_case(1, {300}, false); }
 // way round). The copy engine's comm program: in graph mode the GEMM leaves kGraphSignalSms to the
 // one-thread signal kernels beside it, and a pull moves its tiles on kGraphPullSms SMs (a captured
 // copy-engine pull hung on its first replay in rank order: ag_gemm_cuda.cu, AgGemm::comm_sms).
-#define TL_NEED_TWO_GPUS()                                                                      \
-  do {                                                                                          \
-    const int gpus = test::gpu_count();                                                         \
-    if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus; \
-  } while (0)
 TEST(GraphCudaPeer, AgGemmPull) {
-  TL_NEED_TWO_GPUS();
+  TL_SKIP_UNLESS_GPUS(2);
   ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPull);
 }
 TEST(GraphCudaPeer, AgGemmPush) {
-  TL_NEED_TWO_GPUS();
+  TL_SKIP_UNLESS_GPUS(2);
   ag_graph_case(2, {512, 300}, false, 0, tlc::Transport::kPeer, CommMode::kPush);
   ag_graph_case(2, {333, 667}, false, 0, tlc::Transport::kPeer, CommMode::kPush);
 }
 TEST(GraphCudaPeer, AgGemmUnfused) {
-  TL_NEED_TWO_GPUS();
+  TL_SKIP_UNLESS_GPUS(2);
   ag_graph_case(2, {256, 256}, true, 0, tlc::Transport::kPeer);
 }
 
 TEST(GraphCudaPeer, AgGemmSmComm) {
-  const int gpus = test::gpu_count();
-  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
+  TL_SKIP_UNLESS_GPUS(2);
   ag_graph_case(2, {333, 667}, false, 4, tlc::Transport::kPeer, CommMode::kPull);
 }
 
@@ -363,8 +357,7 @@ TEST(GraphCuda, GemmRsWorld2Unfused) { rs_graph_case(2, {256, 256}, {128, 128}, 
 TEST(GraphCuda, GemmRsWorld4Push) { rs_graph_case(4, {200, 0, 1, 300}, {128, 64, 192, 128}, false, CommMode::kPush); }
 TEST(GraphCuda, GemmRsWorld1) { rs_graph_case(1, {300}, {256}, false); }
 TEST(GraphCudaPeer, GemmRsTwoGpus) {
-  const int gpus = test::gpu_count();
-  if (gpus < 2) GTEST_SKIP() << "the peer transport needs 2 GPUs; this machine has " << gpus;
+  TL_SKIP_UNLESS_GPUS(2);
   rs_graph_case(2, {300, 212}, {256, 128}, false, CommMode::kPull, tlc::Transport::kPeer);
   rs_graph_case(2, {256, 256}, {128, 192}, false, CommMode::kPush, tlc::Transport::kPeer);
   rs_graph_case(2, {256, 256}, {128, 128}, true, CommMode::kPull, tlc::Transport::kPeer);

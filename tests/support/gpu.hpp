@@ -15,3 +15,12 @@ inline int gpu_count() {
 }
 
 }  // namespace tilelink::test
+
+// Skips the test (gtest lists it as skipped, with the reason) on a machine with fewer than n GPUs.
+#define TL_SKIP_UNLESS_GPUS(n)                                                                 \
+  do {                                                                                         \
+    const int tl_gpus_ = ::tilelink::test::gpu_count();                                        \
+    if (tl_gpus_ < (n))                                                                        \
+      GTEST_SKIP() << "the peer transport needs " << (n) << " GPUs or more; this machine has " \
+                   << tl_gpus_;                                                                \
+  } while (0)
