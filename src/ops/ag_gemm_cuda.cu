@@ -38,8 +38,9 @@ struct AgGemmWaitHooks {
   // NOTE: no function calls in here (not even a noinline error path with printf): a kernel that
   // calls any function gets its wgmma serialised by ptxas (C7510), ~7% slower (bench/notes/gemm.md).
   // So the bounded acquire spin is written out, and a timeout records the world's fault (reported by
-  // World::sync) and traps without printing.
-  __device__ void before_tile_loads(TileCoord tile, Rect region) {
+  // World::sync) and traps without printing. It is const, so the engine calls it on the kernel
+  // parameter, not on a local-memory copy (impl/gemm_kernel.cuh, HooksInWarp).
+  __device__ void before_tile_loads(TileCoord tile, Rect region) const {
     if (region.row >= own.begin && region.row + region.rows <= own.end) return;  // every lane alike
     const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
     const uint64_t epoch = call.value();
@@ -71,8 +72,10 @@ struct AgGemmWaitHooks {
     }
     __syncwarp();  // the engine adds fence.proxy.async before its TMA loads
   }
-  __device__ void after_tile_stored(TileCoord, Rect) {}
+  __device__ void after_tile_stored(TileCoord, Rect) const {}
 };
+static_assert(compute::sm90::detail::const_callable_hooks<AgGemmWaitHooks>(),
+              "AgGemmWaitHooks must stay const-callable: a per-warp copy lives in local memory");
 
 }  // namespace
 

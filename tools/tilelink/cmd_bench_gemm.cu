@@ -14,6 +14,11 @@
 // --hot-signals: after every flush, before every variant, a small kernel writes the wait signals again,
 // as a communication program leaves them just before the GEMM (without it the flush evicts them with
 // everything else and the first wait reads DRAM).
+// --warm-code: every timed launch right after an untimed launch of the same variant (the L2 flush
+// between them). NOTE: a launch that follows a launch of the same kernel code runs ~0.5 us faster
+// (measured on the H200, bench/notes/gemm.md, session 6), and in the shuffled order the hooks kernel's
+// code runs in 3 of 6 launches (hooks, wait, notify), the plain engine's in 2: --warm-code gives every
+// variant the same warm code, the default gives every variant the same shuffled neighbours.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -117,6 +122,7 @@ int bench_gemm(Args& args) {
   const bool verify = !args.flag("--no-verify");
   const bool csv = args.flag("--csv");
   const bool hot_signals = args.flag("--hot-signals");
+  const bool warm_code = args.flag("--warm-code");
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
@@ -128,10 +134,11 @@ int bench_gemm(Args& args) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup %d%s\n",
+  std::printf("# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup %d%s%s\n",
               prop.name, sms, l2 >> 20, sm90::kTileM, sm90::kTileN, sm90::kTileK, num_sms ? num_sms : sms,
               std::string(dtype_name(in)).c_str(), std::string(dtype_name(out)).c_str(), reps, warmup,
-              hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "");
+              hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "",
+              warm_code ? "; each timed launch after an untimed one of the same variant (--warm-code)" : "");
 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -236,19 +243,23 @@ int bench_gemm(Args& args) {
       std::shuffle(order.begin(), order.end(), shuffle_rng);
       for (int i = 0; i < variants; ++i) {
         const int v = order[i];
+        auto launch = [&] {
+          switch (v) {
+            case kEngine: case kEngine2: run_engine(); break;
+            case kCublas: run_cublas(); break;
+            case kHooks: run_hooks(); break;
+            case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
+            case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
+          }
+        };
+        if (warm_code) launch();
         CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
         if (hot_signals) {
           set_signals<<<1, 256, 0, stream>>>(wait_sig, grid.num_tiles(), 1);
           CK(cudaGetLastError());
         }
         CK(cudaEventRecord(ev[0], stream));
-        switch (v) {
-          case kEngine: case kEngine2: run_engine(); break;
-          case kCublas: run_cublas(); break;
-          case kHooks: run_hooks(); break;
-          case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
-          case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
-        }
+        launch();
         CK(cudaEventRecord(ev[1], stream));
         CK(cudaEventSynchronize(ev[1]));
         float ms = 0;
@@ -318,10 +329,11 @@ int bench_gemm(Args& args) {
 
 TILELINK_REGISTER_COMMAND({"bench gemm",
                            "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
-                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--no-verify] [--csv]",
+                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] [--no-verify] "
+                           "[--csv]",
                            "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
                            "against a float32 reference",
                            &bench_gemm,
-                           {"--no-verify", "--csv", "--hot-signals"}});
+                           {"--no-verify", "--csv", "--hot-signals", "--warm-code"}});
 
 }  // namespace tilelink::cli

@@ -31,6 +31,9 @@
 //   Hooks must make no function call (printf, non-inlined code): ptxas then serializes every wgmma
 //   of the kernel (warning C7510, measured ~7% slower); report timeouts through memory and trap.
 //   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.
+//   Hooks whose two calls are both const-callable are called on the kernel parameter itself
+//   (constant memory); otherwise each warp calls them on its own copy (registers, or local memory
+//   for arrays indexed at run time: keep big hooks const).
 //
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.

@@ -13,6 +13,8 @@
 #error "the sm90 GEMM engine needs the CuTe/CUTLASS headers (scripts/setup.sh)"
 #endif
 
+#include <type_traits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -83,6 +85,20 @@ struct TileStoredRing {
   uint64_t full[kSlots];
   uint64_t empty[kSlots];
 };
+
+// Hooks whose two calls are const run on the kernel parameter itself (constant memory, read with
+// LDC); others on a per-warp copy. NOTE: a copy of a hooks struct holding arrays indexed at run
+// time (a SymmetricView's bases, a SegmentTiling's firsts) lives in local memory: the AG+GEMM
+// hooks' copy put ~200 local loads and stores into the 40-register load warp (cuobjdump -sass).
+template <class H>
+TL_HD constexpr bool const_callable_hooks() {
+  return requires(const H& h, TileCoord t, Rect r) {
+    h.before_tile_loads(t, r);
+    h.after_tile_stored(t, r);
+  };
+}
+template <class H>
+using HooksInWarp = std::conditional_t<const_callable_hooks<H>(), const H&, H>;
 
 template <class Cfg>
 struct SharedStorage {
@@ -204,7 +220,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     if (warp_in_group == 0) {
       auto load_inputs = mainloop.load_init(problem_mnkl, p.mainloop);
       auto gA_mkl = get<0>(load_inputs);  // (BLK_M, BLK_K, m, k, l)
-      Hooks hooks = p.hooks;
+      HooksInWarp<Hooks> hooks = p.hooks;
       PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
       if (cute::elect_one_sync()) TL_GEMM_MARK(1);
       for (int j = 0; j < walk.num_local(); ++j) {
@@ -245,7 +261,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     // ---- notify warp: after every consumer thread stored tile j, run the notify hook ------------
     if constexpr (Hooks::kNotifies) {
       if (warp_in_group == 1 && cute::elect_one_sync()) {
-        Hooks hooks = p.hooks;
+        HooksInWarp<Hooks> hooks = p.hooks;
         for (int j = 0; j < walk.num_local(); ++j) {
           const int slot = j % TileStoredRing::kSlots;
           const uint32_t phase = (j / TileStoredRing::kSlots) & 1;
