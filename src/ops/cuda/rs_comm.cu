@@ -205,7 +205,9 @@ __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, con
 }
 
 template <Scope S, bool kPush>
-__global__ void __launch_bounds__(512) rs_reduce_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx, void* c,
+__global__ void __launch_bounds__(512)
+    rs_reduce_kernel(__grid_constant__ const GemmRsPlan p, __grid_constant__ const SymmetricView heap,
+                     __grid_constant__ const DeviceContext ctx, void* c,
                                  Epoch call) {
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(), block, blockIdx.x, gridDim.x);
@@ -239,8 +241,10 @@ __device__ void push_tile(const GemmRsPlan& p, const SymmetricView& heap, const 
 // NOTE: bounded to 512 threads a block (128 registers a thread): both roles in one kernel took more
 // registers than a 512-thread launch has (cudaErrorLaunchOutOfResources on the H200).
 template <Scope S>
-__global__ void __launch_bounds__(512) rs_push_reduce_kernel(GemmRsPlan push, SymmetricView push_heap, SymmetricView local_heap,
-                                      ByteField partial, Field<Signal> tile_done, DeviceContext ctx,
+__global__ void __launch_bounds__(512)
+    rs_push_reduce_kernel(__grid_constant__ const GemmRsPlan push, __grid_constant__ const SymmetricView push_heap,
+                          __grid_constant__ const SymmetricView local_heap,
+                                      ByteField partial, Field<Signal> tile_done, __grid_constant__ const DeviceContext ctx,
                                       void* c, Epoch call, int pushers) {
   const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
@@ -261,7 +265,8 @@ __global__ void __launch_bounds__(512) rs_push_reduce_kernel(GemmRsPlan push, Sy
 
 // The compute program's publishing side, for a finished partial P_r [M, N].
 template <Scope S, bool kPush>
-__global__ void rs_publish_kernel(GemmRsPlan p, SymmetricView heap, DeviceContext ctx,
+__global__ void rs_publish_kernel(__grid_constant__ const GemmRsPlan p, __grid_constant__ const SymmetricView heap,
+                                  __grid_constant__ const DeviceContext ctx,
                                   const void* partial, Epoch call) {
   const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
