@@ -79,6 +79,13 @@ GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64
   p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(),
                               first_tile_row_of_segment(rows, next, config.gemm_tile_m),
                               config.group_m};
+  // NOTE: row-major, with workers taking every stride-th reduce tile, each worker kept one column
+  // block: the GEMM sweeps a group of rows column by column, so the workers of the last columns
+  // waited for the end of every group and about half the reduce ran after the GEMM (H200, 2 GPUs:
+  // bench/notes/fused_ops_cuda.md, session 6). In the GEMM's own order the reduce keeps pace.
+  const int group_rows = static_cast<int>(
+      ceil_div(static_cast<int64_t>(config.group_m) * config.gemm_tile_m, config.comm_tile_rows));
+  p.reduce_order = TileOrder{p.reduce_rows.tiles_of(rank), p.reduce_col_blocks(), 0, group_rows};
 
   LayoutBuilder b;
   const int64_t elem = dtype_size(dtype);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -65,6 +66,41 @@ std::vector<GemmRsPlan> make_plans(const Shape& s) {
   for (int r = 0; r < s.rows.world_size; ++r)
     plans.push_back(GemmRsPlan::make(r, s.rows, s.n, s.k[r], s.dtype, s.cfg));
   return plans;
+}
+
+// The reduce walk follows the GEMM: with reduce tiles on gemm tile rows and segments made of whole
+// groups (the engine's case: 128-row tiles, M = 8192 over 2 or 4 ranks, group_m 16 of 64 tile rows),
+// the reduce tiles come in the order the rank's own gemm tiles finish them. The row-major walk did
+// not: a worker taking every 16th reduce tile kept one column block and waited for the end of each
+// group (bench/notes/fused_ops_cuda.md, session 6).
+TEST(GemmRsPlan, ReduceWalkFollowsTheOwnGemmTiles) {
+  for (int world : {2, 4}) {
+    for (int group : {1, 4, 16}) {
+      if (64 / world % group != 0) continue;
+      GemmRsConfig cfg;
+      cfg.gemm_tile_m = 128;
+      cfg.gemm_tile_n = 256;
+      cfg.comm_tile_rows = 128;
+      cfg.comm_tile_cols = 512;
+      cfg.group_m = group;
+      const RowPartition rows = RowPartition::even(8192, world);
+      for (int rank = 0; rank < world; ++rank) {
+        SCOPED_TRACE(testing::Message() << "world " << world << " group " << group << " rank " << rank);
+        const GemmRsPlan p = GemmRsPlan::make(rank, rows, 8192, 4096, DType::kBF16, cfg);
+        std::vector<int> finished_at(static_cast<size_t>(p.gemm.num_tiles()));
+        for (int i = 0; i < p.compute_order.count(); ++i) finished_at[p.gemm.linear(p.compute_order.at(i))] = i;
+        int last = -1;
+        for (int i = 0; i < p.reduce_count(); ++i) {
+          const TileSpan span = p.waits_for(p.reduce_region(i));
+          int ready = -1;  // when the last own gemm tile covering reduce tile i finishes
+          for (int m = span.m_begin; m < span.m_end; ++m)
+            for (int n = span.n_begin; n < span.n_end; ++n) ready = std::max(ready, finished_at[p.gemm.linear({m, n})]);
+          ASSERT_GE(ready, last) << "reduce tile " << i << " is ready before the one walked before it";
+          last = ready;
+        }
+      }
+    }
+  }
 }
 
 TEST(GemmRsPlan, ReduceTilesPartitionEachSegmentExactly) {

@@ -10,8 +10,10 @@
 //                 `staged` on the owner (push); reduce tile -> the gemm tiles covering it
 //   orders        compute: staggered, rank r starts at the tile row where rank r+1's segment
 //                 starts and ends with its own, so the ranks feed different owners at once;
-//                 reduce: the rank's own reduce tiles in order; sources summed in rank order 0..W-1
-//                 (fp32), so every backend and variant gives the same bits
+//                 reduce: the rank's own reduce tiles in the order its GEMM finishes them
+//                 (reduce_order: column-major inside groups of rows, as the compute order), so
+//                 workers taking every stride-th one keep pace with the GEMM; sources summed in
+//                 rank order 0..W-1 (fp32), so every backend and variant gives the same bits
 //   workspace     pull: partial [M, N] (this rank's P_r, in the op's dtype), tile_done [gemm tiles]
 //                 push: staging [W, max M_r, N] (the owner's slots, one per source rank),
 //                       staged [W * gemm tiles]
@@ -59,6 +61,7 @@ struct GemmRsPlan {
   SegmentTiling reduce_rows;   // over M, comm_tile_rows
   int reduce_tile_cols = 512;
   TileOrder compute_order;
+  TileOrder reduce_order;  // over (chunks of this rank's segment) x (column blocks)
   GemmRsConfig config;
   GemmRsWorkspace ws;
 
@@ -71,8 +74,10 @@ struct GemmRsPlan {
 
   // This rank's reduce tiles: (chunk of its segment) x (column block).
   TL_HD int reduce_count() const { return reduce_rows.tiles_of(rank) * reduce_col_blocks(); }
+  // The i-th reduce tile of the walk (reduce_order), 0 <= i < reduce_count().
   TL_HD Rect reduce_region(int i) const {
-    int chunk = i / reduce_col_blocks(), cb = i % reduce_col_blocks();
+    const TileCoord t = reduce_order.at(i);
+    const int chunk = t.m, cb = t.n;
     RowRange rr = reduce_rows.rows_of(reduce_rows.first[rank] + chunk);
     int64_t c0 = static_cast<int64_t>(cb) * reduce_tile_cols;
     return {rr.begin, c0, rr.size(), min64(reduce_tile_cols, n - c0)};
