@@ -104,7 +104,6 @@ void gemm_check(const GemmArgs& a) {
 
 void gemm(const GemmArgs& args, cudaStream_t stream) {
   gemm_check(args);
-  TL_REQUIRE(args.a_alt == nullptr, "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   const DType in = args.in_type, out = args.out_type;
   if (in == DType::kBF16 && out == DType::kBF16) return detail::gemm_bf16_bf16(args, stream);
   if (in == DType::kBF16 && out == DType::kF32) return detail::gemm_bf16_f32(args, stream);

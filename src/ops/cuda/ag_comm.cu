@@ -52,8 +52,7 @@ __device__ void init_pipe(BulkPipe& pipe, const DeviceContext& ctx, Block block)
 // comm program, pull: bring every comm tile into this rank's gathered buffer, own tiles first.
 template <Scope S, bool kBulk>
 __global__ void ag_pull_kernel(__grid_constant__ const AgGemmPlan p, __grid_constant__ const SymmetricView heap,
-                               __grid_constant__ const DeviceContext ctx, const void* a,
-                               Epoch call) {
+                               __grid_constant__ const DeviceContext ctx, const void* a, Epoch call) {
   const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   BulkPipe pipe;
@@ -85,8 +84,7 @@ __global__ void ag_pull_kernel(__grid_constant__ const AgGemmPlan p, __grid_cons
 // comm program, push: write this rank's tiles into every rank's gathered buffer (itself first).
 template <Scope S, bool kBulk>
 __global__ void ag_push_kernel(__grid_constant__ const AgGemmPlan p, __grid_constant__ const SymmetricView heap,
-                               __grid_constant__ const DeviceContext ctx, const void* a,
-                               Epoch call) {
+                               __grid_constant__ const DeviceContext ctx, const void* a, Epoch call) {
   const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   BulkPipe pipe;

@@ -207,8 +207,7 @@ __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, con
 template <Scope S, bool kPush>
 __global__ void __launch_bounds__(512)
     rs_reduce_kernel(__grid_constant__ const GemmRsPlan p, __grid_constant__ const SymmetricView heap,
-                     __grid_constant__ const DeviceContext ctx, void* c,
-                                 Epoch call) {
+                     __grid_constant__ const DeviceContext ctx, void* c, Epoch call) {
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(), block, blockIdx.x, gridDim.x);
 }
@@ -243,9 +242,9 @@ __device__ void push_tile(const GemmRsPlan& p, const SymmetricView& heap, const 
 template <Scope S>
 __global__ void __launch_bounds__(512)
     rs_push_reduce_kernel(__grid_constant__ const GemmRsPlan push, __grid_constant__ const SymmetricView push_heap,
-                          __grid_constant__ const SymmetricView local_heap,
-                                      ByteField partial, Field<Signal> tile_done, __grid_constant__ const DeviceContext ctx,
-                                      void* c, Epoch call, int pushers) {
+                          __grid_constant__ const SymmetricView local_heap, ByteField partial,
+                          Field<Signal> tile_done, __grid_constant__ const DeviceContext ctx, void* c, Epoch call,
+                          int pushers) {
   const uint64_t epoch = call.value();
   const Block block{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
   if (static_cast<int>(blockIdx.x) < pushers) {
