@@ -9,6 +9,8 @@
 
 #include <cuda/atomic>
 
+#include <algorithm>
+
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/backend/cuda/stream_prim.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
@@ -57,24 +59,36 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   TL_REQUIRE(n % 8 == 0, "gemm_rs: N must be a multiple of 8 (16-byte rows), got " << n);
   for (int r = 0; r < W; ++r)
     TL_REQUIRE(k_per_rank[r] % 8 == 0, "gemm_rs: K_" << r << " must be a multiple of 8, got " << k_per_rank[r]);
-  for (int r : world.local_ranks())
-    TL_REQUIRE(config.comm_workers >= 1 && config.compute_workers >= 0 &&
-                   config.comm_workers + config.compute_workers < world.sm_count(r),
-               "gemm_rs: rank " << r << " has " << world.sm_count(r) << " SMs; the reduce needs "
-                                << "comm_workers >= 1 (got " << config.comm_workers
-                                << ") and must leave the GEMM at least one (compute_workers "
-                                << config.compute_workers << ")");
-
-  TL_REQUIRE(config.mode == CommMode::kPull || config.comm_workers >= 2 || W == 1,
-             "gemm_rs push: comm_workers must be >= 2 (pushers and reducers), got " << config.comm_workers);
+  TL_REQUIRE(config.comm_workers >= 0 && config.compute_workers >= 0,
+             "gemm_rs: comm_workers (" << config.comm_workers << ") and compute_workers ("
+                                       << config.compute_workers << ") must be >= 0");
+  TL_REQUIRE(config.mode == CommMode::kPull || config.comm_workers == 0 ||
+                 config.comm_workers >= 2 || W == 1,
+             "gemm_rs push: comm_workers must be >= 2 (pushers and reducers), got "
+                 << config.comm_workers);
   GemmRsConfig cfg = config;
   cfg.mode = CommMode::kPull;  // the engine's side: partial, tile_done, barrier (push_plans_ below)
   cfg.gemm_tile_m = compute::sm90::kTileM;  // the plan's gemm tiles are the engine's tiles
   cfg.gemm_tile_n = compute::sm90::kTileN;
   for (int r = 0; r < W; ++r) {
     GemmRsConfig c = cfg;
-    if (world.is_local(r))
-      c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n, world.sm_count(r));
+    if (world.is_local(r)) {
+      const int sms = world.sm_count(r);
+      c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n, sms);
+      if (c.comm_workers == 0) {  // the model's choice (tune/path_model.hpp), or push's fixed share
+        c.comm_workers =
+            config.mode == CommMode::kPush
+                ? std::clamp(sms / 4, 2, 16)
+                : gemm_rs_reduce_sms(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c),
+                                     detail::machine_model(world, r, sms));
+      }
+      TL_REQUIRE(c.comm_workers >= 1 && c.comm_workers + c.compute_workers < sms,
+                 "gemm_rs: rank " << r << " has " << sms
+                                  << " SMs; the reduce needs comm_workers >= 1 (got "
+                                  << c.comm_workers
+                                  << ") and must leave the GEMM at least one (compute_workers "
+                                  << c.compute_workers << ")");
+    }
     plans_.push_back(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c));
   }
   ws_ = world.allocate(plans_[0].ws.num_bytes);

@@ -32,7 +32,7 @@ double gemm_rs_comm_bytes(const GemmRsPlan& p) {
 }
 
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
-                       int comm_tiles) {
+                       int comm_tiles, double fused_comm_us) {
   TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
              "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms ("
                                                                << m.sms << ")");
@@ -54,7 +54,7 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
   const double t_gemm_fused = t_gemm_all * m.sms / m.gemm_sms;
   // The baseline's collective moves the bytes in one go; the fused comm program pays per tile too.
   const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
-  const double t_comm_tiled = t_comm + comm_tiles * m.comm_tile_us;
+  const double t_comm_tiled = std::max(t_comm + comm_tiles * m.comm_tile_us, fused_comm_us);
   c.unfused_us = t_gemm_all + t_comm;
   c.fused_us = std::max(t_gemm_fused, t_comm_tiled) +
                (m.own_rows_direct ? m.direct_exposed * t_comm : m.fused_overhead_us);
@@ -87,9 +87,33 @@ PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath reques
   return choose_path(2.0 * p.m() * p.n * p.k, ag_gemm_comm_bytes(p), m, requested, remote);
 }
 
+double gemm_rs_reduce_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms) {
+  TL_REQUIRE(reduce_sms >= 1 && m.reduce_sm_gbps > 0 && m.reduce_peak_gbps > 0,
+             "path model: the reduce needs SMs (" << reduce_sms << ") and positive rates");
+  const double out_bytes = static_cast<double>(p.rows.size(p.rank)) * p.n * dtype_size(p.dtype);
+  const double work = out_bytes * p.world_size / 2;  // the rates are for two sources
+  return work / (std::min(reduce_sms * m.reduce_sm_gbps, m.reduce_peak_gbps) * 1e9) * 1e6;
+}
+
+int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m) {
+  TL_REQUIRE(m.sms >= 8, "path model: GEMM+RS needs a GPU of 8 SMs or more, got " << m.sms);
+  const double t_gemm_all = 2.0 * p.m() * p.n * p.k / (m.gemm_tflops * 1e12) * 1e6;
+  const int most = m.sms / 4;
+  for (int sms = 2; sms < most; ++sms)
+    if (gemm_rs_reduce_us(p, m, sms) <= m.reduce_share * t_gemm_all) return sms;
+  return most;
+}
+
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
-  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), m, requested);
+  MachineModel rs = m;
+  const double tile_us =
+      2.0 * p.gemm.tile_m * p.gemm.tile_n * p.k / (m.gemm_tflops * 1e12 / m.sms) * 1e6;
+  rs.fused_overhead_us = m.rs_fused_overhead_us + m.rs_tail_tiles * tile_us;
+  const int reduce_sms = m.sms - m.gemm_sms;
+  const double reduce_us =
+      p.config.mode == CommMode::kPull && reduce_sms >= 1 ? gemm_rs_reduce_us(p, m, reduce_sms) : 0;
+  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0, reduce_us);
 }
 
 }  // namespace tilelink

@@ -132,6 +132,32 @@ TEST(GemmRsCuda, RefusesBadInput) {
   cfg.comm_workers = 1;
   EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kBF16, cfg), Error);
   cfg.mode = CommMode::kPull;
+  cfg.comm_workers = -1;
+  EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kBF16, cfg),
+               Error);
   cfg.comm_workers = 0;
+  cfg.compute_workers = world.sm_count(0);  // nothing left for the reduce the model picks
   EXPECT_THROW(tlc::GemmRs(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kBF16, cfg), Error);
+}
+
+// comm_workers = 0: each rank's reduce SMs come from the cost model (tune/path_model.hpp), within
+// [2, SMs / 4], fewer for a longer GEMM; the op then runs as with the SMs given.
+TEST(GemmRsCuda, ReduceSmsFromTheModel) {
+  tlc::WorldOptions wo;
+  wo.transport = tlc::Transport::kVirtual;
+  wo.world_size = 2;
+  tlc::World world(wo);
+  GemmRsConfig cfg;
+  cfg.comm_workers = 0;
+  cfg.compute_workers = 0;  // the GEMM on the rest
+  auto sms_for = [&](int64_t k) {
+    tlc::GemmRs op(world, RowPartition::even(8192, 2), 8192, {k, k}, DType::kBF16, cfg);
+    const int chosen = op.plan(0).config.comm_workers;
+    EXPECT_GE(chosen, 2);
+    EXPECT_LE(chosen, world.sm_count(0) / 4);
+    EXPECT_EQ(op.gemm_sms(0), world.sm_count(0) - chosen);
+    return chosen;
+  };
+  EXPECT_GE(sms_for(2048), sms_for(16384));
+  run_case({2, {1000, 777}, {256, 512}, 1024, 0, 128, 512}, 8);
 }

@@ -117,14 +117,65 @@ TEST(PathModel, OwnRowsDirectTakesTheFusedPathWhereItMeasuredFaster) {
   EXPECT_THROW(choose_path(1e12, 1e6, m, OpPath::kAuto), Error);
 }
 
-// GEMM+RS on two H200s (session 5): fused measured 0.98x at 8192x4096x11008 and 0.92x at
-// 8192x8192x28672 (16 reduce SMs): auto stays unfused.
-TEST(PathModel, MeasuredGemmRsRowsStayUnfused) {
-  const MachineModel m = links(132, 16);
-  EXPECT_EQ(choose_path(2.0 * 8192 * 4096 * 5504, 4096.0 * 4096 * 2, m, OpPath::kAuto).path,
-            OpPath::kUnfused);
-  EXPECT_EQ(choose_path(2.0 * 8192 * 8192 * 14336, 4096.0 * 8192 * 2, m, OpPath::kAuto).path,
-            OpPath::kUnfused);
+// GEMM+RS on two H200s, world 2, pull, the warp reduce (session 7, bench/notes/fused_ops_cuda.md):
+// the reduce SMs the model picks fall where the sweep over 3..16 SMs found the fastest fused call.
+GemmRsPlan two_rank_rs(int64_t n, int64_t k) {
+  return GemmRsPlan::make(0, RowPartition::even(8192, 2), n, k / 2, DType::kBF16, GemmRsConfig{});
+}
+
+TEST(PathModel, GemmRsReduceSmsFollowTheMeasuredSweep) {
+  const MachineModel m = links(132, 0);
+  // (N, K): the fastest fused call's SMs, and the range the model must pick from.
+  struct Row {
+    int64_t n, k;
+    int lo, hi;
+  };
+  for (const Row& r : {Row{4096, 11008, 7, 10},    // best 8 (1.06x; 16: 1.02x, 6: 1.00x)
+                       Row{4096, 14336, 6, 9},     // best 8 (1.02x; 6: 0.99x)
+                       Row{8192, 8192, 10, 16},    // best 16 (1.11x; 8: 1.08x, 6: 1.00x)
+                       Row{8192, 14336, 6, 9},     // best 6 (1.08x; 8: 1.04x)
+                       Row{8192, 28672, 3, 5}}) {  // best 4 (1.02x; 6: 0.99x, 8: 0.97x)
+    const int sms = gemm_rs_reduce_sms(two_rank_rs(r.n, r.k), m);
+    EXPECT_GE(sms, r.lo) << r.n << "x" << r.k;
+    EXPECT_LE(sms, r.hi) << r.n << "x" << r.k;
+  }
+  // The reduce alone: 64 MiB of output took 0.250 ms on 16 SMs and 0.81-0.88 ms on 4.
+  EXPECT_NEAR(gemm_rs_reduce_us(two_rank_rs(8192, 8192), m, 16), 250, 25);
+  EXPECT_NEAR(gemm_rs_reduce_us(two_rank_rs(8192, 8192), m, 4), 840, 60);
+  // Bounds: a tiny GEMM gets a quarter of the SMs, a huge one 2.
+  EXPECT_EQ(gemm_rs_reduce_sms(two_rank_rs(8192, 64), m), 132 / 4);
+  EXPECT_EQ(gemm_rs_reduce_sms(two_rank_rs(8192, 1 << 22), m), 2);
+  EXPECT_THROW(gemm_rs_reduce_sms(two_rank_rs(8192, 8192), links(4, 0)), Error);
+}
+
+TEST(PathModel, MeasuredGemmRsRows) {
+  // Fused at the model's SMs against cuBLAS+NCCL, two rounds (engine tiles of 128x256): fused where
+  // it won clearly in both, unfused where it lost or won by <= 3% in one of them.
+  struct Row {
+    int64_t m, n, k;
+    OpPath want;
+  };
+  for (const Row& r : {Row{8192, 8192, 8192, OpPath::kFused},        // 1.13x, 1.15x
+                       Row{8192, 8192, 4096, OpPath::kFused},        // 1.29x, 1.30x
+                       Row{8192, 8192, 28672, OpPath::kUnfused},     // 1.03x, 0.99x
+                       Row{16384, 4096, 14336, OpPath::kUnfused},    // 1.02x, 0.97x
+                       Row{8192, 4096, 11008, OpPath::kUnfused},     // 1.06x, 0.99x
+                       Row{8192, 6144, 16384, OpPath::kUnfused}}) {  // 1.00x, 1.01x
+    GemmRsConfig cfg;
+    cfg.gemm_tile_n = 256;
+    const GemmRsPlan p =
+        GemmRsPlan::make(0, RowPartition::even(r.m, 2), r.n, r.k / 2, DType::kBF16, cfg);
+    MachineModel m = links(132, 0);
+    m.gemm_sms = 132 - gemm_rs_reduce_sms(p, m);
+    const PathChoice c = choose_path(p, m, OpPath::kAuto);
+    EXPECT_EQ(c.path, r.want) << r.m << "x" << r.n << "x" << r.k << ": " << c.why;
+  }
+  // Forced onto 2 SMs, 8192^3's reduce (~1.7 ms) outlasts its GEMM (~0.8 ms): not fused.
+  const GemmRsPlan p = two_rank_rs(8192, 8192);
+  MachineModel m = links(132, 2);
+  const PathChoice c = choose_path(p, m, OpPath::kAuto);
+  EXPECT_EQ(c.path, OpPath::kUnfused) << c.why;
+  EXPECT_GT(c.fused_us, gemm_rs_reduce_us(p, m, 2));
 }
 
 TEST(PathModel, EveryRankTakesTheSamePath) {

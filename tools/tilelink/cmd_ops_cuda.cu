@@ -379,10 +379,9 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   const int W = world.size();
   GemmRsConfig cfg;
   cfg.mode = p.mode;  // pull: the owners read peers' partials; push: the producers write them
-  // The reduce (and push: the pushers) run on SMs: by default 16, at most a quarter of a rank's. On two
-  // H200s the pull reduce on 16 SMs fused 8192x4096x11008 at 1.01x of cuBLAS+NCCL, on 8 at 0.81x
-  // (bench/notes/fused_ops_cuda.md).
-  cfg.comm_workers = p.comm_sms ? p.comm_sms : std::clamp(world.sm_count(world.local_ranks().front()) / 4, 2, 16);
+  // The reduce (and push: the pushers) run on SMs: --comm-sms, or 0 = the op's choice (pull: the
+  // cost model's, per shape; push: a quarter of the SMs, 2..16).
+  cfg.comm_workers = p.comm_sms;
   cfg.compute_workers = 0;
   cfg.comm_tile_rows = p.comm_tile_auto ? 128 : p.comm_tile;  // the reduce tiles' rows
   tlc::GemmRs op(world, p.rows, p.n, p.split, DType::kBF16, cfg);
@@ -454,10 +453,12 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   }
   const int r0 = world.local_ranks()[0];
   if (printer(world)) {
-    std::printf("%s\n  transport=%s, SMs per rank=%d: GEMM on %d, %s on %d, reduce tiles of %d rows; baseline %s\n",
-                describe(p).c_str(), tlc::transport_name(world.transport()), world.sm_count(r0), op.gemm_sms(r0),
-                cfg.mode == CommMode::kPush ? "push+reduce" : "reduce", cfg.comm_workers, cfg.comm_tile_rows,
-                baseline.c_str());
+    std::printf(
+        "%s\n  transport=%s, SMs per rank=%d: GEMM on %d, %s on %d, reduce tiles of %d rows; "
+        "baseline %s\n",
+        describe(p).c_str(), tlc::transport_name(world.transport()), world.sm_count(r0),
+        op.gemm_sms(r0), cfg.mode == CommMode::kPush ? "push+reduce" : "reduce",
+        op.plan(r0).config.comm_workers, cfg.comm_tile_rows, baseline.c_str());
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
   // NOTE: the GEMM part first: the reduce alone needs the tile_done signals it sets.

@@ -54,6 +54,24 @@ struct MachineModel {
   // (268 us): 0.18-0.62 of T_comm.
   bool own_rows_direct = false;
   double direct_exposed = 0.6;
+  // GEMM+RS, pull: the reduce (the warp reduce of ops/cuda/rs_comm.cu) sums `reduce_sm_gbps` of
+  // output an SM with two sources (W sources: W/2 times the reads), `reduce_peak_gbps` at most on
+  // any number of SMs. Measured on two H200s (NV18), 64 MiB of output: 0.250 ms on 16 SMs,
+  // 0.43-0.45 on 8, 0.55-0.61 on 6, 0.81-0.88 on 4, 1.0-1.06 on 3 (bench/notes/fused_ops_cuda.md,
+  // session 7).
+  double reduce_sm_gbps = 19;
+  double reduce_peak_gbps = 270;
+  // The reduce SMs of GEMM+RS when the caller leaves them to the model (gemm_rs_reduce_sms): the
+  // fewest whose reduce of the segment takes at most this share of the GEMM on all SMs. Swept on
+  // two H200s over 3-16 SMs and five shapes, the fastest fused call came at a share of 0.28-0.43.
+  double reduce_share = 0.4;
+  // GEMM+RS fused - T_gemm(its SMs) at those SMs: rs_fused_overhead_us + rs_tail_tiles times the
+  // time one SM takes for one gemm tile (the last tiles' reduce runs after the GEMM, and the longer
+  // a tile, the later the last ones are done). Measured on two H200s over nine shapes, two rounds
+  // each (session 7): -8..+92 us with tiles of 50-100 us, 121-138 us at 16384x4096x14336 (90 us),
+  // 188-272 us at 8192x8192x28672 (180 us). Replaces fused_overhead_us for GEMM+RS.
+  double rs_fused_overhead_us = 40;
+  double rs_tail_tiles = 0.8;
 };
 
 struct PathChoice {
@@ -67,11 +85,20 @@ struct PathChoice {
 double ag_gemm_comm_bytes(const AgGemmPlan& p);
 double gemm_rs_comm_bytes(const GemmRsPlan& p);
 
-// comm_tiles: the communication tiles a rank moves (each costs m.comm_tile_us).
+// comm_tiles: the communication tiles a rank moves (each costs m.comm_tile_us); fused_comm_us: the
+// fused comm program's own time when it is slower than the link (0: the link's).
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
-                       int comm_tiles = 0);
+                       int comm_tiles = 0, double fused_comm_us = 0);
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
+
+// GEMM+RS (pull) with its reduce on `reduce_sms` SMs: the reduce of the rank's segment alone, us.
+double gemm_rs_reduce_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms);
+// The reduce SMs the model gives GEMM+RS on a GPU of m.sms SMs: the fewest in [2, m.sms / 4] whose
+// reduce takes at most m.reduce_share of the GEMM on all SMs; m.sms / 4 when none does. More SMs
+// than that slow the GEMM more than they speed the reduce (which runs beside it); fewer leave the
+// reduce behind the GEMM.
+int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m);
 
 // The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
 // down a different path than the others (each process of an ipc world decides alone, on the same
