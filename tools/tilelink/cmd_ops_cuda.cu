@@ -553,7 +553,7 @@ int bench_gemm_rs(Args& args) { return bench_op(args, "gemm_rs"); }
 }  // namespace
 
 TILELINK_REGISTER_COMMAND("bench gemm_rs",
-                          "[run's options, --baseline-only: the baseline alone] [--shapes MxNxK,... (instead of -m -n -k; even M split)] [--comm-sms K (reduce SMs, default min(16, SMs/4))] [--transport auto|virtual|peer|ipc] [--warmup W] [--bench-iters I]",
+                          "[run's options, --baseline-only: the baseline alone] [--shapes MxNxK,... (instead of -m -n -k; even M split)] [--comm-sms K (reduce SMs; default: pull, the cost model's per shape; push, min(16, SMs/4))] [--transport auto|virtual|peer|ipc] [--warmup W] [--bench-iters I]",
                           "fused GEMM+RS on the GPU: baseline (cuBLAS+NCCL on peer/ipc), parts, ideal, fused, speedup", &bench_gemm_rs,
                           {"--baseline-only"});
 TILELINK_REGISTER_COMMAND("bench ag_gemm",
