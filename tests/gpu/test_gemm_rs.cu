@@ -118,10 +118,7 @@ TEST(GemmRsCuda, World8Push) { run_case({8, {300, 17, 512, 1, 256, 300, 9, 700},
 TEST(GemmRsCuda, World8) { run_case({8, {300, 17, 512, 1, 256, 300, 9, 700}, {64, 128, 64, 64, 128, 64, 64, 128}, 512, 2, 64, 512}, 4); }
 
 TEST(GemmRsCuda, RefusesBadInput) {
-  tlc::WorldOptions wo;
-  wo.transport = tlc::Transport::kVirtual;
-  wo.world_size = 2;
-  tlc::World world(wo);
+  tlc::World world({.transport = tlc::Transport::kVirtual, .world_size = 2});
   GemmRsConfig cfg;
   cfg.comm_workers = 2;
   cfg.compute_workers = 0;
@@ -143,10 +140,7 @@ TEST(GemmRsCuda, RefusesBadInput) {
 // comm_workers = 0: each rank's reduce SMs come from the cost model (tune/path_model.hpp), within
 // [2, SMs / 4], fewer for a longer GEMM; the op then runs as with the SMs given.
 TEST(GemmRsCuda, ReduceSmsFromTheModel) {
-  tlc::WorldOptions wo;
-  wo.transport = tlc::Transport::kVirtual;
-  wo.world_size = 2;
-  tlc::World world(wo);
+  tlc::World world({.transport = tlc::Transport::kVirtual, .world_size = 2});
   GemmRsConfig cfg;
   cfg.comm_workers = 0;
   cfg.compute_workers = 0;  // the GEMM on the rest
