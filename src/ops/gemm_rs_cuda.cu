@@ -162,6 +162,12 @@ void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void
     world_.bind(r);
     lanes_->fork(r);
     enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), true);
+    if (push_plans_.empty()) {
+      // Pull: once the GEMM is done, its SMs join the reduce: they claim the bands still left, the
+      // last tiles' (the reduce's workers share one counter; bench/notes/fused_ops_cuda.md).
+      launch_rs_reduce(world_, plans_[r], ws_.view(r), c[r], epochs_->epoch(r, 1),
+                       CommLaunch{CopyMethod::kVector, gemm_sms(r), 512, lanes_->gemm_stream(r)});
+    }
     lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {
@@ -195,9 +201,11 @@ void GemmRs::run_reduce_only(const std::vector<void*>& c) {
   for (int r : world_.local_ranks()) {
     const GemmRsPlan& p = plans_[r];
     const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
-    if (push_plans_.empty())
+    if (push_plans_.empty()) {
+      world_.bind(r);  // the bands were all claimed by the last call with this epoch: a fresh counter
+      TL_CUDA_CHECK(cudaMemsetAsync(ws_.view(r).local(p.ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
       launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
-    else  // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes (timing only)
+    } else  // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes (timing only)
       launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
                             c[r], epochs_->epoch(r, 1), how, how.workers / 2);
   }

@@ -93,6 +93,7 @@ GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64
   p.ws.tile_done = b.add<Signal>(push ? 0 : p.gemm.num_tiles());
   p.ws.staged = b.add<Signal>(push ? static_cast<int64_t>(rows.world_size) * p.gemm.num_tiles() : 0);
   p.ws.barrier = b.add<Signal>(rows.world_size);
+  p.ws.claims = b.add<uint64_t>(push ? 0 : 1);
   p.ws.partial = b.add<std::byte>(push ? 0 : rows.total() * n * elem);
   p.ws.staging = b.add<std::byte>(push ? rows.world_size * rows.max_size() * n * elem : 0);
   p.ws.num_bytes = b.num_bytes();

@@ -198,6 +198,7 @@ TEST(GemmRsPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
     const int world = s.rows.world_size;
     if (s.cfg.mode == CommMode::kPull) {
       ASSERT_EQ(w.tile_done.count, tiles);
+      ASSERT_EQ(w.claims.count, 1);
       ASSERT_EQ(w.partial.count, s.rows.total() * s.n * eb);
     } else {
       ASSERT_EQ(w.staged.count, world * tiles);
@@ -210,6 +211,7 @@ TEST(GemmRsPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
     std::vector<Span> spans = {{w.tile_done.offset, w.tile_done.offset + w.tile_done.num_bytes()},
                                {w.staged.offset, w.staged.offset + w.staged.num_bytes()},
                                {w.barrier.offset, w.barrier.offset + w.barrier.num_bytes()},
+                               {w.claims.offset, w.claims.offset + w.claims.num_bytes()},
                                {w.partial.offset, w.partial.offset + w.partial.num_bytes()},
                                {w.staging.offset, w.staging.offset + w.staging.num_bytes()}};
     for (size_t i = 0; i < spans.size(); ++i) {
@@ -228,6 +230,8 @@ TEST(GemmRsPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
         ASSERT_EQ(a.offset, b.offset);
         ASSERT_EQ(a.count, b.count);
       }
+      ASSERT_EQ(p.ws.claims.offset, w.claims.offset);
+      ASSERT_EQ(p.ws.claims.count, w.claims.count);
       for (auto [a, b] : {std::pair{p.ws.partial, w.partial}, std::pair{p.ws.staging, w.staging}}) {
         ASSERT_EQ(a.offset, b.offset);
         ASSERT_EQ(a.count, b.count);

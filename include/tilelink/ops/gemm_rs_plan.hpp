@@ -17,7 +17,7 @@
 //   workspace     pull: partial [M, N] (this rank's P_r, in the op's dtype), tile_done [gemm tiles]
 //                 push: staging [W, max M_r, N] (the owner's slots, one per source rank),
 //                       staged [W * gemm tiles]
-//                 both: barrier [world]
+//                 both: barrier [world]; pull: claims [1] (the CUDA reduce's shared work counter)
 #pragma once
 
 #include "tilelink/core/dtype.hpp"
@@ -45,6 +45,7 @@ struct GemmRsWorkspace {
   Field<Signal> tile_done;  // pull: one per gemm tile of this rank's partial
   Field<Signal> staged;     // push: one per (source rank, gemm tile), on the owner
   Field<Signal> barrier;    // one per rank
+  Field<uint64_t> claims;   // pull: the reduce's work counter, (call tag << 32) | next band (CUDA)
   ByteField partial;        // pull: [M, N]
   ByteField staging;        // push: [W, max_rows, N]
   uint64_t num_bytes = 0;

@@ -163,23 +163,40 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
 // Rows of a reduce tile that one warp takes at a time (a "band").
 constexpr int kBandRows = 32;
 
+// The next band of this call, claimed from the shared counter (one lane): its high half tags the
+// call (the epoch's low 32 bits), its low half counts claims; the first claim of a call re-tags it.
+TL_DEVICE int64_t claim_band(uint64_t* claims, uint64_t epoch) {
+  const uint64_t tag = epoch & 0xffffffffu;
+  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device> counter(*claims);
+  uint64_t seen = counter.load(::cuda::memory_order_relaxed);
+  while ((seen >> 32) != tag)
+    if (counter.compare_exchange_weak(seen, (tag << 32) | 1u, ::cuda::memory_order_relaxed)) return 0;
+  return static_cast<int64_t>(counter.fetch_add(1, ::cuda::memory_order_relaxed) & 0xffffffffu);
+}
+
 // reduce program: every reduce tile of this rank's segment, after the gemm tiles covering it on
 // every source rank (peers first, own last, as on the CPU); sources summed in rank order.
 // The unit of work is a band of a reduce tile, and the worker a warp: band j of the walk (tile
-// j / bands, in reduce_order) goes to warp j % warps. Each warp waits for its own band's signals
+// j / bands, in reduce_order) goes to warp j % warps, or with `claims` (pull) to the warp that
+// claims it next, which lets launches on other SMs join the work. Each warp waits for its own band's signals
 // (one signal a lane) and sums it alone, with no barrier: while some warps of an SM wait on a signal
 // or a load, the others have theirs in flight. (The first version gave each tile to a whole block,
 // waits then loads then stores in lock-step with a __syncthreads per tile: on two H200s it reduced
 // ~12 GB/s of output an SM, against ~45 GB/s that one SM reads from a peer; bench/notes.)
 template <Scope S, bool kPush>
 __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, const DeviceContext& ctx,
-                             void* c, uint64_t epoch, int warp, int warps) {
+                             void* c, uint64_t epoch, int warp, int warps, uint64_t* claims) {
   const Warp lanes{static_cast<int>(threadIdx.x % 32)};
   const int64_t eb = p.elem_bytes();
   const int64_t seg0 = p.rows.begin(ctx.rank);
   const int bands = static_cast<int>(ceil_div(p.reduce_rows.chunk_rows, kBandRows));  // chunks have at most chunk_rows rows
   const int64_t items = static_cast<int64_t>(p.reduce_count()) * bands;
-  for (int64_t j = warp; j < items; j += warps) {
+  auto next = [&](int64_t j) {
+    if (claims == nullptr) return j + warps;
+    long long claimed = lanes.index() == 0 ? claim_band(claims, epoch) : 0;
+    return static_cast<int64_t>(__shfl_sync(0xffffffffu, claimed, 0));
+  };
+  for (int64_t j = claims ? next(0) : warp; j < items; j = next(j)) {
     const Rect tile = p.reduce_region(static_cast<int>(j / bands));
     const int64_t row0 = static_cast<int64_t>(j % bands) * kBandRows;
     if (row0 >= tile.rows) continue;  // a short (last) chunk has fewer bands
@@ -222,8 +239,9 @@ __global__ void __launch_bounds__(512)
     rs_reduce_kernel(__grid_constant__ const GemmRsPlan p, __grid_constant__ const SymmetricView heap,
                      __grid_constant__ const DeviceContext ctx, void* c, Epoch call) {
   const int warps_per_block = static_cast<int>(blockDim.x / 32);
+  uint64_t* claims = p.ws.claims.count > 0 ? heap.local(p.ws.claims) : nullptr;  // pull
   reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(), blockIdx.x * warps_per_block + threadIdx.x / 32,
-                         gridDim.x * warps_per_block);
+                         gridDim.x * warps_per_block, claims);
 }
 
 // Push: gemm tile `tile` of the partial `mine` [M, N] into the staging slot of this rank on every
@@ -275,7 +293,7 @@ __global__ void __launch_bounds__(512)
     const int warps_per_block = static_cast<int>(blockDim.x / 32);
     reduce_tiles<S, true>(push, push_heap, ctx, c, epoch,
                           (blockIdx.x - pushers) * warps_per_block + threadIdx.x / 32,
-                          (gridDim.x - pushers) * warps_per_block);
+                          (gridDim.x - pushers) * warps_per_block, nullptr);
   }
 }
 
@@ -330,15 +348,15 @@ template <Scope S>
 void reduce_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
                Epoch epoch, const CommLaunch& how) {
   auto* k = p.config.mode == CommMode::kPush ? rs_reduce_kernel<S, true> : rs_reduce_kernel<S, false>;
-  detail::launch_on_rank(world, p.rank, "rs_reduce", k, how.workers, how.threads, 0, p, heap,
-                         world.device_context(p.rank), c, epoch);
+  detail::launch_on_rank_stream(world, p.rank, how.stream, "rs_reduce", k, how.workers, how.threads, 0, p, heap,
+                                world.device_context(p.rank), c, epoch);
 }
 
 template <Scope S>
 void publish_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, const void* partial,
                 Epoch epoch, const CommLaunch& how) {
   auto* k = p.config.mode == CommMode::kPush ? rs_publish_kernel<S, true> : rs_publish_kernel<S, false>;
-  detail::launch_on_rank(world, p.rank, "rs_publish", k, how.workers, how.threads, 0, p, heap,
+  detail::launch_on_rank_stream(world, p.rank, how.stream, "rs_publish", k, how.workers, how.threads, 0, p, heap,
                          world.device_context(p.rank), partial, epoch);
 }
 
@@ -367,8 +385,9 @@ void launch_rs_push_reduce(World& world, const GemmRsPlan& push, const Symmetric
                  partial.count >= push.m() * push.n * push.elem_bytes(),
              "rs_push_reduce: the local partial/tile_done are smaller than the plan's gemm grid");
   auto* k = world.scope() == Scope::kGpu ? rs_push_reduce_kernel<Scope::kGpu> : rs_push_reduce_kernel<Scope::kSystem>;
-  detail::launch_on_rank(world, push.rank, "rs_push_reduce", k, how.workers, how.threads, 0, push, push_heap,
-                         local_heap, partial, tile_done, world.device_context(push.rank), c, epoch, pushers);
+  detail::launch_on_rank_stream(world, push.rank, how.stream, "rs_push_reduce", k, how.workers, how.threads, 0,
+                                push, push_heap, local_heap, partial, tile_done, world.device_context(push.rank), c,
+                                epoch, pushers);
 }
 
 void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,

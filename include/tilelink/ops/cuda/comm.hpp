@@ -14,6 +14,8 @@
 // (tilelink::Error) before anything is launched.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
 #include "tilelink/backend/cuda/epoch.hpp"
@@ -34,6 +36,7 @@ struct CommLaunch {
   CopyMethod method = CopyMethod::kVector;
   int workers = 1;     // thread blocks, one per SM (SM methods); at most the rank's SM count
   int threads = 512;   // threads per block (vector method)
+  cudaStream_t stream = nullptr;  // where to enqueue; null: world.stream(rank)
 };
 
 // AllGather half of AG+GEMM on rank p.rank: every comm tile into this rank's (pull) or every
@@ -47,6 +50,10 @@ void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap
 // here), summed over sources in rank order 0..W-1 in fp32, rounded once. c = C_r [M_r, N].
 // Vector or bulk: SM-driven (the bulk method is not used by the reduction; it reads peers with
 // vector loads). The copy engine cannot reduce: refused.
+// Pull: the warps claim 32-row bands of the reduce walk from the plan's `claims` counter, tagged
+// with the call's epoch, so several launches with one epoch share one call's work (GEMM+RS adds
+// the GEMM's SMs once the GEMM is done); a second call with the same epoch finds the work taken
+// unless the counter is zeroed first.
 void launch_rs_reduce(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
                       Epoch epoch, const CommLaunch& how);
 
