@@ -202,10 +202,13 @@ void GemmRs::run_reduce_only(const std::vector<void*>& c) {
     const GemmRsPlan& p = plans_[r];
     const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
     if (push_plans_.empty()) {
-      world_.bind(r);  // the bands were all claimed by the last call with this epoch: a fresh counter
-      TL_CUDA_CHECK(cudaMemsetAsync(ws_.view(r).local(p.ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
+      world_.bind(
+          r);  // the bands were all claimed by the last call with this epoch: a fresh counter
+      TL_CUDA_CHECK(
+          cudaMemsetAsync(ws_.view(r).local(p.ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
       launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
-    } else  // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes (timing only)
+    } else  // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes
+            // (timing only)
       launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
                             c[r], epochs_->epoch(r, 1), how, how.workers / 2);
   }

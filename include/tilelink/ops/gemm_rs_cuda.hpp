@@ -3,17 +3,19 @@
 //   entry            a stream barrier on every rank's stream (the previous call's reduces are done
 //                    everywhere, so partial buffers may be overwritten)
 //   compute program  the sm90 engine on a second stream of the rank, on its SMs less comm_workers:
-//                    P_r = A_r B_r^T into the rank's symmetric `partial`, tiles in the plan's staggered
-//                    order; after each tile's epilogue the engine's notify warp release-stores
-//                    tile_done[t] = epoch (system scope)
+//                    P_r = A_r B_r^T into the rank's symmetric `partial`, tiles in the plan's
+//                    staggered order; after each tile's epilogue the engine's notify warp
+//                    release-stores tile_done[t] = epoch (system scope)
 //   reduce program   config.mode = pull: the SM-driven reduce of ops/cuda/comm.hpp on comm_workers
 //                    SMs of the rank's stream: each reduce tile of the rank's segment once the gemm
 //                    tiles covering it are done on every source (reading the peers' partials),
-//                    summed in rank order in fp32.
-//                    push: one kernel on comm_workers SMs (>= 2), half of them pushing each finished
-//                    gemm tile (after its tile_done) into its owners' staging slots, the other half
-//                    reducing the rank's segment from its own staging (local reads only)
-//   baseline         barrier, cuBLAS into `partial`, every tile_done set, the same reduce on all SMs
+//                    summed in rank order in fp32. Once the GEMM is done, the same reduce on the
+//                    GEMM's SMs (on its stream) takes the bands still left: the workers of both
+//                    launches claim bands from one counter (workspace `claims`).
+//                    push: one kernel on comm_workers SMs (>= 2), half of them pushing each
+//                    finished gemm tile (after its tile_done) into its owners' staging slots, the
+//                    other half reducing the rank's segment from its own staging (local reads only)
+//   baseline         barrier, cuBLAS into `partial`, every tile_done set, the reduce on all SMs
 //
 // bf16 storage, fp32 accumulation. Both modes sum in rank order: the same bits as the baseline.
 // (The engine's epilogue always stores the partial locally: a tile may span two owners, whose

@@ -1,7 +1,7 @@
 // GemmRsPlan: the plan of fused GEMM + ReduceScatter, shared by every backend.
 //
-// Rank r holds A_r [M, K_r] and B_r [N, K_r] (K split across ranks, ragged allowed). It computes its
-// row segment of sum_i A_i * B_i^T: C_r, shape [M_r, N], where the M rows are split by `rows`.
+// Rank r holds A_r [M, K_r] and B_r [N, K_r] (K split across ranks, ragged allowed). It computes
+// its row segment of sum_i A_i * B_i^T: C_r, shape [M_r, N], where the M rows are split by `rows`.
 //
 //   gemm tiles    TileGrid over the partial P_r [M, N], gemm_tile_m x gemm_tile_n
 //   reduce tiles  rank r's segment cut by SegmentTiling (comm_tile_rows) x column blocks of

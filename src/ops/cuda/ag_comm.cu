@@ -119,8 +119,8 @@ void launch_sm(World& world, const AgGemmPlan& p, const SymmetricView& heap, con
   const size_t smem = bulk ? kBulkSmem : 0;
   auto* k = push ? (bulk ? ag_push_kernel<S, true> : ag_push_kernel<S, false>)
                  : (bulk ? ag_pull_kernel<S, true> : ag_pull_kernel<S, false>);
-  detail::launch_on_rank_stream(world, p.rank, how.stream, "ag_comm", k, how.workers, threads, smem, p, heap,
-                                ctx, a, epoch);
+  detail::launch_on_rank_stream(world, p.rank, how.stream, "ag_comm", k, how.workers, threads, smem,
+                                p, heap, ctx, a, epoch);
 }
 
 // comm program on the copy engine: the pull order, each peer tile after the owner's notify.
@@ -167,8 +167,9 @@ void launch_ag_comm(World& world, const AgGemmPlan& p, const SymmetricView& heap
   TL_REQUIRE(a || p.comm.parts.size(p.rank) == 0, "ag_comm: null A on rank " << p.rank);
   TL_REQUIRE(epoch.on_device() || epoch.offset >= 1, "ag_comm: epochs start at 1");
   if (how.method == CopyMethod::kCopyEngine) {
-    TL_REQUIRE(how.stream == nullptr, "ag_comm: the copy-engine program runs on the rank's stream; "
-                                      "CommLaunch::stream applies to the SM methods");
+    TL_REQUIRE(how.stream == nullptr,
+               "ag_comm: the copy-engine program runs on the rank's stream; "
+               "CommLaunch::stream applies to the SM methods");
     return launch_ce(world, p, heap, a, epoch);
   }
   TL_REQUIRE(how.threads >= 32 && how.threads <= 1024 && how.threads % 32 == 0,

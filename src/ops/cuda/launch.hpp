@@ -10,8 +10,9 @@ namespace tilelink::cuda::detail {
 // Binds rank's context, raises the kernel's dynamic shared memory limit if needed, launches on
 // `stream` (the rank's stream when null) and checks the launch.
 template <class... Params, class... Args>
-void launch_on_rank_stream(World& world, int rank, cudaStream_t stream, const char* op, void (*kernel)(Params...),
-                           int grid, int block, size_t smem, Args&&... args) {
+void launch_on_rank_stream(World& world, int rank, cudaStream_t stream, const char* op,
+                           void (*kernel)(Params...), int grid, int block, size_t smem,
+                           Args&&... args) {
   TL_REQUIRE(world.is_local(rank), "op " << op << ": rank " << rank << " is not driven by this process");
   TL_REQUIRE(grid >= 1 && grid <= world.sm_count(rank),
              "op " << op << ": " << grid << " workers (one per SM) on rank " << rank << ", which has "
@@ -28,7 +29,8 @@ void launch_on_rank_stream(World& world, int rank, cudaStream_t stream, const ch
 template <class... Params, class... Args>
 void launch_on_rank(World& world, int rank, const char* op, void (*kernel)(Params...), int grid,
                     int block, size_t smem, Args&&... args) {
-  launch_on_rank_stream(world, rank, nullptr, op, kernel, grid, block, smem, std::forward<Args>(args)...);
+  launch_on_rank_stream(world, rank, nullptr, op, kernel, grid, block, smem,
+                        std::forward<Args>(args)...);
 }
 
 }  // namespace tilelink::cuda::detail

@@ -170,7 +170,8 @@ TL_DEVICE int64_t claim_band(uint64_t* claims, uint64_t epoch) {
   ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device> counter(*claims);
   uint64_t seen = counter.load(::cuda::memory_order_relaxed);
   while ((seen >> 32) != tag)
-    if (counter.compare_exchange_weak(seen, (tag << 32) | 1u, ::cuda::memory_order_relaxed)) return 0;
+    if (counter.compare_exchange_weak(seen, (tag << 32) | 1u, ::cuda::memory_order_relaxed))
+      return 0;
   return static_cast<int64_t>(counter.fetch_add(1, ::cuda::memory_order_relaxed) & 0xffffffffu);
 }
 
@@ -178,14 +179,16 @@ TL_DEVICE int64_t claim_band(uint64_t* claims, uint64_t epoch) {
 // every source rank (peers first, own last, as on the CPU); sources summed in rank order.
 // The unit of work is a band of a reduce tile, and the worker a warp: band j of the walk (tile
 // j / bands, in reduce_order) goes to warp j % warps, or with `claims` (pull) to the warp that
-// claims it next, which lets launches on other SMs join the work. Each warp waits for its own band's signals
-// (one signal a lane) and sums it alone, with no barrier: while some warps of an SM wait on a signal
-// or a load, the others have theirs in flight. (The first version gave each tile to a whole block,
-// waits then loads then stores in lock-step with a __syncthreads per tile: on two H200s it reduced
-// ~12 GB/s of output an SM, against ~45 GB/s that one SM reads from a peer; bench/notes.)
+// claims it next, which lets launches on other SMs join the work. Each warp waits for its own
+// band's signals (one signal a lane) and sums it alone, with no barrier: while some warps of an SM
+// wait on a signal or a load, the others have theirs in flight. (The first version gave each tile
+// to a whole block, waits then loads then stores in lock-step with a __syncthreads per tile: on two
+// H200s it reduced ~12 GB/s of output an SM, against ~45 GB/s that one SM reads from a peer;
+// bench/notes.)
 template <Scope S, bool kPush>
-__device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap, const DeviceContext& ctx,
-                             void* c, uint64_t epoch, int warp, int warps, uint64_t* claims) {
+__device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap,
+                             const DeviceContext& ctx, void* c, uint64_t epoch, int warp, int warps,
+                             uint64_t* claims) {
   const Warp lanes{static_cast<int>(threadIdx.x % 32)};
   const int64_t eb = p.elem_bytes();
   const int64_t seg0 = p.rows.begin(ctx.rank);
@@ -240,7 +243,8 @@ __global__ void __launch_bounds__(512)
                      __grid_constant__ const DeviceContext ctx, void* c, Epoch call) {
   const int warps_per_block = static_cast<int>(blockDim.x / 32);
   uint64_t* claims = p.ws.claims.count > 0 ? heap.local(p.ws.claims) : nullptr;  // pull
-  reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(), blockIdx.x * warps_per_block + threadIdx.x / 32,
+  reduce_tiles<S, kPush>(p, heap, ctx, c, call.value(),
+                         blockIdx.x * warps_per_block + threadIdx.x / 32,
                          gridDim.x * warps_per_block, claims);
 }
 
@@ -348,16 +352,17 @@ template <Scope S>
 void reduce_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, void* c,
                Epoch epoch, const CommLaunch& how) {
   auto* k = p.config.mode == CommMode::kPush ? rs_reduce_kernel<S, true> : rs_reduce_kernel<S, false>;
-  detail::launch_on_rank_stream(world, p.rank, how.stream, "rs_reduce", k, how.workers, how.threads, 0, p, heap,
-                                world.device_context(p.rank), c, epoch);
+  detail::launch_on_rank_stream(world, p.rank, how.stream, "rs_reduce", k, how.workers, how.threads,
+                                0, p, heap, world.device_context(p.rank), c, epoch);
 }
 
 template <Scope S>
 void publish_at(World& world, const GemmRsPlan& p, const SymmetricView& heap, const void* partial,
                 Epoch epoch, const CommLaunch& how) {
   auto* k = p.config.mode == CommMode::kPush ? rs_publish_kernel<S, true> : rs_publish_kernel<S, false>;
-  detail::launch_on_rank_stream(world, p.rank, how.stream, "rs_publish", k, how.workers, how.threads, 0, p, heap,
-                         world.device_context(p.rank), partial, epoch);
+  detail::launch_on_rank_stream(world, p.rank, how.stream, "rs_publish", k, how.workers,
+                                how.threads, 0, p, heap, world.device_context(p.rank), partial,
+                                epoch);
 }
 
 }  // namespace
@@ -385,9 +390,9 @@ void launch_rs_push_reduce(World& world, const GemmRsPlan& push, const Symmetric
                  partial.count >= push.m() * push.n * push.elem_bytes(),
              "rs_push_reduce: the local partial/tile_done are smaller than the plan's gemm grid");
   auto* k = world.scope() == Scope::kGpu ? rs_push_reduce_kernel<Scope::kGpu> : rs_push_reduce_kernel<Scope::kSystem>;
-  detail::launch_on_rank_stream(world, push.rank, how.stream, "rs_push_reduce", k, how.workers, how.threads, 0,
-                                push, push_heap, local_heap, partial, tile_done, world.device_context(push.rank), c,
-                                epoch, pushers);
+  detail::launch_on_rank_stream(world, push.rank, how.stream, "rs_push_reduce", k, how.workers,
+                                how.threads, 0, push, push_heap, local_heap, partial, tile_done,
+                                world.device_context(push.rank), c, epoch, pushers);
 }
 
 void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,
