@@ -72,24 +72,20 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   cfg.gemm_tile_n = compute::sm90::kTileN;
   for (int r = 0; r < W; ++r) {
     GemmRsConfig c = cfg;
+    const int sms = world.is_local(r) ? world.sm_count(r) : 0;
+    if (world.is_local(r)) c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n, sms);
+    GemmRsPlan p = GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c);
     if (world.is_local(r)) {
-      const int sms = world.sm_count(r);
-      c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n, sms);
-      if (c.comm_workers == 0) {  // the model's choice (tune/path_model.hpp), or push's fixed share
-        c.comm_workers =
-            config.mode == CommMode::kPush
-                ? std::clamp(sms / 4, 2, 16)
-                : gemm_rs_reduce_sms(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c),
-                                     detail::machine_model(world, r, sms));
-      }
-      TL_REQUIRE(c.comm_workers >= 1 && c.comm_workers + c.compute_workers < sms,
-                 "gemm_rs: rank " << r << " has " << sms
-                                  << " SMs; the reduce needs comm_workers >= 1 (got "
-                                  << c.comm_workers
-                                  << ") and must leave the GEMM at least one (compute_workers "
+      int& workers = p.config.comm_workers;
+      if (workers == 0)  // the model's choice (tune/path_model.hpp), or push's fixed share
+        workers = config.mode == CommMode::kPush ? std::clamp(sms / 4, 2, 16)
+                                                 : gemm_rs_reduce_sms(p, detail::machine_model(world, r, sms));
+      TL_REQUIRE(workers >= 1 && workers + c.compute_workers < sms,
+                 "gemm_rs: rank " << r << " has " << sms << " SMs; the reduce needs comm_workers >= 1 (got "
+                                  << workers << ") and must leave the GEMM at least one (compute_workers "
                                   << c.compute_workers << ")");
     }
-    plans_.push_back(GemmRsPlan::make(r, rows, n, k_per_rank[r], dtype, c));
+    plans_.push_back(p);
   }
   ws_ = world.allocate(plans_[0].ws.num_bytes);
   if (config.mode == CommMode::kPush) {
@@ -202,15 +198,15 @@ void GemmRs::run_reduce_only(const std::vector<void*>& c) {
     const GemmRsPlan& p = plans_[r];
     const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
     if (push_plans_.empty()) {
-      world_.bind(
-          r);  // the bands were all claimed by the last call with this epoch: a fresh counter
-      TL_CUDA_CHECK(
-          cudaMemsetAsync(ws_.view(r).local(p.ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
+      // The last call with this epoch claimed every band: a fresh counter.
+      world_.bind(r);
+      TL_CUDA_CHECK(cudaMemsetAsync(ws_.view(r).local(p.ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
       launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
-    } else  // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes
-            // (timing only)
+    } else {
+      // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes (timing only)
       launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
                             c[r], epochs_->epoch(r, 1), how, how.workers / 2);
+    }
   }
 }
 

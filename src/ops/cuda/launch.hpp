@@ -26,11 +26,4 @@ void launch_on_rank_stream(World& world, int rank, cudaStream_t stream, const ch
   TL_CUDA_CHECK(cudaGetLastError());
 }
 
-template <class... Params, class... Args>
-void launch_on_rank(World& world, int rank, const char* op, void (*kernel)(Params...), int grid,
-                    int block, size_t smem, Args&&... args) {
-  launch_on_rank_stream(world, rank, nullptr, op, kernel, grid, block, smem,
-                        std::forward<Args>(args)...);
-}
-
 }  // namespace tilelink::cuda::detail
