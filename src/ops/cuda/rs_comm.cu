@@ -1,12 +1,10 @@
 // The ReduceScatter half of GEMM+RS on the CUDA backend: the reduce program of
 // ops/gemm_rs_plan.hpp, and the compute program's publishing side for a finished partial.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "launch.hpp"
+#include "rs_band.cuh"
 #include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/ops/cuda/comm.hpp"
 
@@ -14,27 +12,8 @@ namespace tilelink::cuda {
 
 namespace {
 
-// ---- element conversions: the same rounding as core/dtype.hpp on the host ----------------------
-template <DType D>
-struct Elem;
-template <>
-struct Elem<DType::kF32> {
-  using T = float;
-  static TL_DEVICE float load(T x) { return x; }
-  static TL_DEVICE T store(float v) { return v; }
-};
-template <>
-struct Elem<DType::kBF16> {
-  using T = __nv_bfloat16;
-  static TL_DEVICE float load(T x) { return __bfloat162float(x); }
-  static TL_DEVICE T store(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Elem<DType::kF16> {
-  using T = __half;
-  static TL_DEVICE float load(T x) { return __half2float(x); }
-  static TL_DEVICE T store(float v) { return __float2half_rn(v); }
-};
+using detail::BandWalk;
+using detail::Elem;
 
 // Where source s's copy of a reduce tile's first element lives, and its row stride (elements).
 struct Sources {
@@ -160,31 +139,14 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
   }
 }
 
-// Rows of a reduce tile that one warp takes at a time (a "band").
-constexpr int kBandRows = 32;
-
-// The next band of this call, claimed from the shared counter (one lane): its high half tags the
-// call (the epoch's low 32 bits), its low half counts claims; the first claim of a call re-tags it.
-TL_DEVICE int64_t claim_band(uint64_t* claims, uint64_t epoch) {
-  const uint64_t tag = epoch & 0xffffffffu;
-  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device> counter(*claims);
-  uint64_t seen = counter.load(::cuda::memory_order_relaxed);
-  while ((seen >> 32) != tag)
-    if (counter.compare_exchange_weak(seen, (tag << 32) | 1u, ::cuda::memory_order_relaxed))
-      return 0;
-  return static_cast<int64_t>(counter.fetch_add(1, ::cuda::memory_order_relaxed) & 0xffffffffu);
-}
-
 // reduce program: every reduce tile of this rank's segment, after the gemm tiles covering it on
 // every source rank (peers first, own last, as on the CPU); sources summed in rank order.
-// The unit of work is a band of a reduce tile, and the worker a warp: band j of the walk (tile
-// j / bands, in reduce_order) goes to warp j % warps, or with `claims` (pull) to the warp that
-// claims it next, which lets launches on other SMs join the work. Each warp waits for its own
-// band's signals (one signal a lane) and sums it alone, with no barrier: while some warps of an SM
-// wait on a signal or a load, the others have theirs in flight. (The first version gave each tile
-// to a whole block, waits then loads then stores in lock-step with a __syncthreads per tile: on two
-// H200s it reduced ~12 GB/s of output an SM, against ~45 GB/s that one SM reads from a peer;
-// bench/notes.)
+// The unit of work is a band of a reduce tile, and the worker a warp (BandWalk, rs_band.cuh). Each
+// warp waits for its own band's signals (one signal a lane) and sums it alone, with no barrier:
+// while some warps of an SM wait on a signal or a load, the others have theirs in flight. (The
+// first version gave each tile to a whole block, waits then loads then stores in lock-step with a
+// __syncthreads per tile: on two H200s it reduced ~12 GB/s of output an SM, against ~45 GB/s that
+// one SM reads from a peer; bench/notes.)
 template <Scope S, bool kPush>
 __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap,
                              const DeviceContext& ctx, void* c, uint64_t epoch, int warp, int warps,
@@ -192,33 +154,9 @@ __device__ void reduce_tiles(const GemmRsPlan& p, const SymmetricView& heap,
   const Warp lanes{static_cast<int>(threadIdx.x % 32)};
   const int64_t eb = p.elem_bytes();
   const int64_t seg0 = p.rows.begin(ctx.rank);
-  const int bands = static_cast<int>(ceil_div(p.reduce_rows.chunk_rows, kBandRows));  // chunks have at most chunk_rows rows
-  const int64_t items = static_cast<int64_t>(p.reduce_count()) * bands;
-  auto next = [&](int64_t j) {
-    if (claims == nullptr) return j + warps;
-    long long claimed = lanes.index() == 0 ? claim_band(claims, epoch) : 0;
-    return static_cast<int64_t>(__shfl_sync(0xffffffffu, claimed, 0));
-  };
-  for (int64_t j = claims ? next(0) : warp; j < items; j = next(j)) {
-    const Rect tile = p.reduce_region(static_cast<int>(j / bands));
-    const int64_t row0 = static_cast<int64_t>(j % bands) * kBandRows;
-    if (row0 >= tile.rows) continue;  // a short (last) chunk has fewer bands
-    const Rect r{tile.row + row0, tile.col, min64(kBandRows, tile.rows - row0), tile.cols};
-    const TileSpan span = p.waits_for(r);
-    // One (source, gemm tile) signal a lane: the waits' round trips (a peer's signal is an NVLink
-    // round trip) overlap instead of adding up.
-    const int span_m = span.m_end - span.m_begin, span_n = span.n_end - span.n_begin;
-    const int waits = p.world_size * span_m * span_n;
-    for (int w = lanes.index(); w < waits; w += 32) {
-      const int src = peer_at(ctx.rank, 1 + w / (span_m * span_n), p.world_size);
-      const int m = span.m_begin + (w % (span_m * span_n)) / span_n, n = span.n_begin + w % span_n;
-      const int t = p.gemm.linear({m, n});
-      if constexpr (kPush)
-        consumer_tile_wait<S>(ctx, heap, p.ws.staged, p.staged_slot(src, t), epoch, WaitSite{"staged", t});
-      else
-        peer_tile_wait<S>(ctx, heap, src, p.ws.tile_done, t, epoch, WaitSite{"tile_done", t});
-    }
-    lanes.sync();  // every lane's loads below come after every lane's acquire
+  BandWalk walk{p, claims, epoch, warp, warps, lanes};
+  for (Rect r; walk.next(&r);) {
+    detail::wait_band<S, kPush>(p, heap, ctx, r, epoch, lanes);
     Sources srcs;
     srcs.ld = p.n;
     for (int s = 0; s < p.world_size; ++s) {
