@@ -32,7 +32,7 @@ double gemm_rs_comm_bytes(const GemmRsPlan& p) {
 }
 
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
-                       int comm_tiles, double fused_comm_us) {
+                       int comm_tiles, double fused_comm_us, double fused_gemm_us) {
   TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
              "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms ("
                                                                << m.sms << ")");
@@ -51,7 +51,7 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
     return c;
   }
   const double t_gemm_all = flops / (m.gemm_tflops * 1e12) * 1e6;
-  const double t_gemm_fused = t_gemm_all * m.sms / m.gemm_sms;
+  const double t_gemm_fused = fused_gemm_us > 0 ? fused_gemm_us : t_gemm_all * m.sms / m.gemm_sms;
   // The baseline's collective moves the bytes in one go; the fused comm program pays per tile too.
   const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
   const double t_comm_tiled = std::max(t_comm + comm_tiles * m.comm_tile_us, fused_comm_us);
@@ -61,8 +61,9 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
   c.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
   std::ostringstream os;
   os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (gemm "
-     << t_gemm_all << " us on all SMs, comm " << t_comm << " us, " << t_comm_tiled << " us in "
-     << comm_tiles << " tiles" << (m.own_rows_direct ? ", own rows read from A_r" : "") << ")";
+     << t_gemm_all << " us on all SMs, " << t_gemm_fused << " us on " << m.gemm_sms << ", comm "
+     << t_comm << " us, " << t_comm_tiled << " us in " << comm_tiles << " tiles"
+     << (m.own_rows_direct ? ", own rows read from A_r" : "") << ")";
   c.why = os.str();
   return c;
 }
@@ -104,16 +105,30 @@ int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m) {
   return most;
 }
 
+namespace {
+// One gemm tile on one SM at the wave rate, us.
+double gemm_rs_tile_us(const GemmRsPlan& p, const MachineModel& m) {
+  TL_REQUIRE(m.rs_wave_tflops > 0 && m.sms >= 1,
+             "path model: rs_wave_tflops and sms must be positive");
+  return 2.0 * p.gemm.tile_m * p.gemm.tile_n * p.k / (m.rs_wave_tflops * 1e12 / m.sms) * 1e6;
+}
+}  // namespace
+
+double gemm_rs_gemm_us(const GemmRsPlan& p, const MachineModel& m, int gemm_sms) {
+  TL_REQUIRE(gemm_sms >= 1, "path model: the GEMM needs SMs, got " << gemm_sms);
+  const int64_t waves = ceil_div(p.gemm.num_tiles(), gemm_sms);
+  return static_cast<double>(waves) * gemm_rs_tile_us(p, m);
+}
+
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
   MachineModel rs = m;
-  const double tile_us =
-      2.0 * p.gemm.tile_m * p.gemm.tile_n * p.k / (m.gemm_tflops * 1e12 / m.sms) * 1e6;
-  rs.fused_overhead_us = m.rs_fused_overhead_us + m.rs_tail_tiles * tile_us;
+  rs.fused_overhead_us = m.rs_fused_overhead_us + m.rs_tail_tiles * gemm_rs_tile_us(p, m);
   const int reduce_sms = m.sms - m.gemm_sms;
   const double reduce_us =
       p.config.mode == CommMode::kPull && reduce_sms >= 1 ? gemm_rs_reduce_us(p, m, reduce_sms) : 0;
-  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0, reduce_us);
+  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0, reduce_us,
+                     m.gemm_sms >= 1 ? gemm_rs_gemm_us(p, m, m.gemm_sms) : 0);
 }
 
 }  // namespace tilelink

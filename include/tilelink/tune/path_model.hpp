@@ -4,6 +4,8 @@
 //   unfused = T_gemm(all SMs) + T_comm                  (one after the other, one collective)
 //   fused   = max(T_gemm(the GEMM's SMs), T_comm + tiles * comm_tile_us) + a per-call overhead
 //   T_gemm  = 2*M*N*K / (rate * gemm_sms / sms)         T_comm = bytes moved / link bandwidth
+// GEMM+RS counts its fused GEMM in waves of tiles (ceil(tiles / gemm_sms) tiles an SM), and its
+// reduce's own time where that is longer than the link's.
 // AG+GEMM whose GEMM reads the rank's own rows from A_r (push on separate GPUs, own rows on tile
 // rows) starts at once, with no entry barrier or own copy before it: its per-call cost is a share
 // of the communication, not a constant:
@@ -65,13 +67,18 @@ struct MachineModel {
   // fewest whose reduce of the segment takes at most this share of the GEMM on all SMs. Swept on
   // two H200s over 3-16 SMs and five shapes, the fastest fused call came at a share of 0.28-0.43.
   double reduce_share = 0.4;
-  // GEMM+RS fused - T_gemm(its SMs) at those SMs: rs_fused_overhead_us + rs_tail_tiles times the
-  // time one SM takes for one gemm tile (the last tiles' reduce runs after the GEMM, and the longer
-  // a tile, the later the last ones are done). Measured on two H200s over nine shapes, two rounds
-  // each (session 7): -8..+92 us with tiles of 50-100 us, 121-138 us at 16384x4096x14336 (90 us),
-  // 188-272 us at 8192x8192x28672 (180 us). Replaces fused_overhead_us for GEMM+RS.
-  double rs_fused_overhead_us = 40;
-  double rs_tail_tiles = 0.8;
+  // GEMM+RS's GEMM on its SMs, in waves: ceil(tiles / gemm_sms) tiles an SM, each taking its flops
+  // at rs_wave_tflops / sms (the engine is persistent: a wave that is not full costs a whole tile).
+  // Measured on two H200s at the reduce SMs the model gives (session 8, nine shapes, two rounds):
+  // within -2..+4% of this at 715, where the flat rate missed by up to 7% (8192x6144x16384 on
+  // 126 SMs: 1536 tiles, 13 waves, 1.284 ms; flat 1.25, waves 1.288).
+  double rs_wave_tflops = 715;
+  // GEMM+RS fused - T_gemm(its SMs, in waves): rs_fused_overhead_us + rs_tail_tiles times one
+  // tile's time (the last tiles' reduce runs after the GEMM, by every SM once the GEMM is done).
+  // Measured over the same runs: -22..+48 us with tiles of 25-98 us, 63-100 us with tiles of 86
+  // us, 104-177 us with tiles of 172 us. Replaces fused_overhead_us for GEMM+RS.
+  double rs_fused_overhead_us = 0;
+  double rs_tail_tiles = 0.75;
 };
 
 struct PathChoice {
@@ -86,12 +93,15 @@ double ag_gemm_comm_bytes(const AgGemmPlan& p);
 double gemm_rs_comm_bytes(const GemmRsPlan& p);
 
 // comm_tiles: the communication tiles a rank moves (each costs m.comm_tile_us); fused_comm_us: the
-// fused comm program's own time when it is slower than the link (0: the link's).
+// fused comm program's own time when it is slower than the link (0: the link's); fused_gemm_us: the
+// fused GEMM's time on its SMs (0: the flat rate scaled by sms / gemm_sms).
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
-                       int comm_tiles = 0, double fused_comm_us = 0);
+                       int comm_tiles = 0, double fused_comm_us = 0, double fused_gemm_us = 0);
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
 
+// GEMM+RS's GEMM on `gemm_sms` SMs, in waves of tiles (m.rs_wave_tflops), us.
+double gemm_rs_gemm_us(const GemmRsPlan& p, const MachineModel& m, int gemm_sms);
 // GEMM+RS (pull) with its reduce on `reduce_sms` SMs: the reduce of the rank's segment alone, us.
 double gemm_rs_reduce_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms);
 // The reduce SMs the model gives GEMM+RS on a GPU of m.sms SMs: the fewest in [2, m.sms / 4] whose
