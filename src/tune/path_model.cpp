@@ -96,21 +96,11 @@ double gemm_rs_reduce_us(const GemmRsPlan& p, const MachineModel& m, int reduce_
   return work / (std::min(reduce_sms * m.reduce_sm_gbps, m.reduce_peak_gbps) * 1e9) * 1e6;
 }
 
-int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m) {
-  TL_REQUIRE(m.sms >= 8, "path model: GEMM+RS needs a GPU of 8 SMs or more, got " << m.sms);
-  const double t_gemm_all = 2.0 * p.m() * p.n * p.k / (m.gemm_tflops * 1e12) * 1e6;
-  const int most = m.sms / 4;
-  for (int sms = 2; sms < most; ++sms)
-    if (gemm_rs_reduce_us(p, m, sms) <= m.reduce_share * t_gemm_all) return sms;
-  return most;
-}
-
 namespace {
 // One gemm tile on one SM at the wave rate, us.
 double gemm_rs_tile_us(const GemmRsPlan& p, const MachineModel& m) {
-  TL_REQUIRE(m.rs_wave_tflops > 0 && m.sms >= 1,
-             "path model: rs_wave_tflops and sms must be positive");
-  return 2.0 * p.gemm.tile_m * p.gemm.tile_n * p.k / (m.rs_wave_tflops * 1e12 / m.sms) * 1e6;
+  TL_REQUIRE(m.rs_sm_tflops > 0, "path model: rs_sm_tflops must be positive");
+  return 2.0 * p.gemm.tile_m * p.gemm.tile_n * p.k / (m.rs_sm_tflops * 1e12) * 1e6;
 }
 }  // namespace
 
@@ -120,15 +110,41 @@ double gemm_rs_gemm_us(const GemmRsPlan& p, const MachineModel& m, int gemm_sms)
   return static_cast<double>(waves) * gemm_rs_tile_us(p, m);
 }
 
+double gemm_rs_after_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms) {
+  TL_REQUIRE(reduce_sms >= 1 && reduce_sms < m.sms,
+             "path model: the reduce needs 1.." << m.sms - 1 << " SMs, got " << reduce_sms);
+  TL_REQUIRE(m.reduce_during_gbps > 0 && m.reduce_after_gbps > 0,
+             "path model: reduce rates must be positive");
+  const int gemm_sms = m.sms - reduce_sms;
+  const double out_bytes = static_cast<double>(p.rows.size(p.rank)) * p.n * dtype_size(p.dtype);
+  const double work = out_bytes * p.world_size / 2;  // the rates are for two sources
+  const double t_gemm = gemm_rs_gemm_us(p, m, gemm_sms);
+  const double waves = static_cast<double>(ceil_div(p.gemm.num_tiles(), gemm_sms));
+  const double during = reduce_sms * m.reduce_during_gbps * 1e3 * t_gemm;  // bytes (GB/s x us)
+  const double left = std::max(work - during, work / waves);
+  return left / (m.reduce_after_gbps * 1e3) + m.rs_fused_overhead_us +
+         m.rs_tail_tiles * gemm_rs_tile_us(p, m);
+}
+
+double gemm_rs_fused_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms) {
+  return gemm_rs_gemm_us(p, m, m.sms - reduce_sms) + gemm_rs_after_us(p, m, reduce_sms);
+}
+
+int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m) {
+  TL_REQUIRE(m.sms >= 8, "path model: GEMM+RS needs a GPU of 8 SMs or more, got " << m.sms);
+  int best = 2;
+  for (int sms = 3; sms <= m.sms / 4; ++sms)
+    if (gemm_rs_fused_us(p, m, sms) <= gemm_rs_fused_us(p, m, best)) best = sms;
+  return best;
+}
+
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
-  MachineModel rs = m;
-  rs.fused_overhead_us = m.rs_fused_overhead_us + m.rs_tail_tiles * gemm_rs_tile_us(p, m);
   const int reduce_sms = m.sms - m.gemm_sms;
-  const double reduce_us =
-      p.config.mode == CommMode::kPull && reduce_sms >= 1 ? gemm_rs_reduce_us(p, m, reduce_sms) : 0;
-  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0, reduce_us,
-                     m.gemm_sms >= 1 ? gemm_rs_gemm_us(p, m, m.gemm_sms) : 0);
+  MachineModel rs = m;
+  rs.fused_overhead_us = reduce_sms >= 1 ? gemm_rs_after_us(p, m, reduce_sms) : 0;
+  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0, 0,
+                     gemm_rs_gemm_us(p, m, m.gemm_sms));
 }
 
 }  // namespace tilelink

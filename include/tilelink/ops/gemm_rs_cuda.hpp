@@ -45,9 +45,10 @@ class CallEpochs;
 class GemmRs {
  public:
   // k_per_rank[r] = K_r. config.comm_workers = the reduce's SMs; 0 = chosen per rank: pull, by the
-  // cost model (gemm_rs_reduce_sms: the fewest whose reduce takes at most 0.4 of the
-  // GEMM, 2..SMs/4), push, a quarter of the SMs (2..16); plan(r).config.comm_workers says what was
-  // chosen. config.compute_workers = the GEMM's SMs, 0 = the rest.
+  // cost model (gemm_rs_reduce_sms: the count in 2..SMs/4 with the shortest predicted call, the
+  // GEMM counted in whole waves of tiles), push, a quarter of the SMs (2..16);
+  // plan(r).config.comm_workers says what was chosen. config.compute_workers = the GEMM's SMs,
+  // 0 = the rest.
   GemmRs(World& world, const RowPartition& rows, int64_t n, const std::vector<int64_t>& k_per_rank,
          DType dtype, const GemmRsConfig& config);
   ~GemmRs();

@@ -63,22 +63,23 @@ struct MachineModel {
   // session 7).
   double reduce_sm_gbps = 19;
   double reduce_peak_gbps = 270;
-  // The reduce SMs of GEMM+RS when the caller leaves them to the model (gemm_rs_reduce_sms): the
-  // fewest whose reduce of the segment takes at most this share of the GEMM on all SMs. Swept on
-  // two H200s over 3-16 SMs and five shapes, the fastest fused call came at a share of 0.28-0.43.
-  double reduce_share = 0.4;
   // GEMM+RS's GEMM on its SMs, in waves: ceil(tiles / gemm_sms) tiles an SM, each taking its flops
-  // at rs_wave_tflops / sms (the engine is persistent: a wave that is not full costs a whole tile).
-  // Measured on two H200s at the reduce SMs the model gives (session 8, nine shapes, two rounds):
-  // within -2..+4% of this at 715, where the flat rate missed by up to 7% (8192x6144x16384 on
-  // 126 SMs: 1536 tiles, 13 waves, 1.284 ms; flat 1.25, waves 1.288).
-  double rs_wave_tflops = 715;
-  // GEMM+RS fused - T_gemm(its SMs, in waves): rs_fused_overhead_us + rs_tail_tiles times one
-  // tile's time (the last tiles' reduce runs after the GEMM, by every SM once the GEMM is done).
-  // Measured over the same runs: -22..+48 us with tiles of 25-98 us, 63-100 us with tiles of 86
-  // us, 104-177 us with tiles of 172 us. Replaces fused_overhead_us for GEMM+RS.
+  // at rs_sm_tflops (one SM; the engine is persistent: a wave that is not full costs a whole tile).
+  // Measured on two H200s (session 8, nine shapes, 99-128 GEMM SMs): within -2..+4% of this at
+  // 715 / 132 SMs, where the flat rate missed by up to 7% (8192x6144x16384 on 126 SMs: 1536 tiles,
+  // 13 waves, 1.284 ms; flat 1.25, waves 1.288).
+  double rs_sm_tflops = 715.0 / 132;
+  // GEMM+RS, pull, what the fused call adds after its GEMM (gemm_rs_after_us): while the GEMM
+  // runs, each reduce SM sums reduce_during_gbps of output (two sources; about half its rate alone:
+  // the GEMM shares HBM and L2 with it); what is left when the GEMM is done, and never less than
+  // its last wave's share (those tiles are done only at the end), every SM reduces at
+  // reduce_after_gbps (the GEMM's SMs join the reduce); then rs_fused_overhead_us + rs_tail_tiles
+  // times one tile's time. Fit to a sweep of 4-24 reduce SMs on nine shapes (session 8, two
+  // H200s): the model's best SMs measured within 2.5% of the sweep's best on every shape.
+  double reduce_during_gbps = 10;
+  double reduce_after_gbps = 350;
   double rs_fused_overhead_us = 0;
-  double rs_tail_tiles = 0.75;
+  double rs_tail_tiles = 0.5;
 };
 
 struct PathChoice {
@@ -100,14 +101,19 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
 
-// GEMM+RS's GEMM on `gemm_sms` SMs, in waves of tiles (m.rs_wave_tflops), us.
+// GEMM+RS's GEMM on `gemm_sms` SMs, in waves of tiles (m.rs_sm_tflops), us.
 double gemm_rs_gemm_us(const GemmRsPlan& p, const MachineModel& m, int gemm_sms);
 // GEMM+RS (pull) with its reduce on `reduce_sms` SMs: the reduce of the rank's segment alone, us.
 double gemm_rs_reduce_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms);
-// The reduce SMs the model gives GEMM+RS on a GPU of m.sms SMs: the fewest in [2, m.sms / 4] whose
-// reduce takes at most m.reduce_share of the GEMM on all SMs; m.sms / 4 when none does. More SMs
-// than that slow the GEMM more than they speed the reduce (which runs beside it); fewer leave the
-// reduce behind the GEMM.
+// GEMM+RS (pull) with its reduce on `reduce_sms` SMs and the GEMM on the rest: what the fused call
+// adds after the GEMM (the reduce left over, then the tail; see MachineModel), us.
+double gemm_rs_after_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms);
+// The fused call's time: gemm_rs_gemm_us(m.sms - reduce_sms) + gemm_rs_after_us(reduce_sms).
+double gemm_rs_fused_us(const GemmRsPlan& p, const MachineModel& m, int reduce_sms);
+// The reduce SMs the model gives GEMM+RS on a GPU of m.sms SMs: those in [2, m.sms / 4] with the
+// shortest gemm_rs_fused_us, the most of them where several tie (SMs the GEMM's waves do not need
+// are free for the reduce). Fewer SMs leave the GEMM whole waves (8192x4096 on 128 SMs: 8 waves
+// of 1024 tiles; on 123: 9), more finish the reduce sooner.
 int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m);
 
 // The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
