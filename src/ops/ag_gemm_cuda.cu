@@ -72,7 +72,6 @@ struct AgGemmWaitHooks {
     }
     __syncwarp();  // the engine adds fence.proxy.async before its TMA loads
   }
-  __device__ void after_tile_stored(TileCoord, Rect) const {}
 };
 static_assert(compute::sm90::detail::const_callable_hooks<AgGemmWaitHooks>(),
               "AgGemmWaitHooks must stay const-callable: a per-warp copy lives in local memory");

@@ -30,7 +30,6 @@ struct GemmRsNotifyHooks {
   int tiles_n = 0;
   Epoch call;  // read per tile: a graph replay's epoch is on the device
 
-  __device__ void before_tile_loads(TileCoord, Rect) {}
   __device__ void after_tile_stored(TileCoord tile, Rect) {
     ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(tile_done[tile.m * tiles_n + tile.n]);
     sig.store(call.value(), ::cuda::memory_order_release);

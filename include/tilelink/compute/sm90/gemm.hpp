@@ -15,8 +15,8 @@
 //   struct MyHooks {
 //     static constexpr bool kWaits = true;     // false: before_tile_loads is never called
 //     static constexpr bool kNotifies = true;  // false: after_tile_stored is never called
-//     __device__ void before_tile_loads(TileCoord tile, Rect region);
-//     __device__ void after_tile_stored(TileCoord tile, Rect region);
+//     __device__ void before_tile_loads(TileCoord tile, Rect region);  // needed with kWaits only
+//     __device__ void after_tile_stored(TileCoord tile, Rect region);  // needed with kNotifies only
 //   };
 //
 //   before_tile_loads: called by all 32 lanes of the load warp (converged) before the first TMA load
@@ -31,9 +31,9 @@
 //   Hooks must make no function call (printf, non-inlined code): ptxas then serializes every wgmma
 //   of the kernel (warning C7510, measured ~7% slower); report timeouts through memory and trap.
 //   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.
-//   Hooks whose two calls are both const-callable are called on the kernel parameter itself
-//   (constant memory); otherwise each warp calls them on its own copy (registers, or local memory
-//   for arrays indexed at run time: keep big hooks const).
+//   Hooks whose calls (those the flags enable) are const-callable are called on the kernel
+//   parameter itself (constant memory); otherwise each warp calls them on its own copy (registers,
+//   or local memory for arrays indexed at run time: keep big hooks const).
 //
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.

@@ -86,16 +86,20 @@ struct TileStoredRing {
   uint64_t empty[kSlots];
 };
 
-// Hooks whose two calls are const run on the kernel parameter itself (constant memory, read with
-// LDC); others on a per-warp copy. NOTE: a copy of a hooks struct holding arrays indexed at run
-// time (a SymmetricView's bases, a SegmentTiling's firsts) lives in local memory: the AG+GEMM
-// hooks' copy put ~200 local loads and stores into the 40-register load warp (cuobjdump -sass).
+// Hooks whose calls (those their flags enable) are const run on the kernel parameter itself
+// (constant memory, read with LDC); others on a per-warp copy. NOTE: a copy of a hooks struct
+// holding arrays indexed at run time (a SymmetricView's bases, a SegmentTiling's firsts) lives in
+// local memory: the AG+GEMM hooks' copy put ~200 local loads and stores into the 40-register load
+// warp (cuobjdump -sass).
 template <class H>
 TL_HD constexpr bool const_callable_hooks() {
-  return requires(const H& h, TileCoord t, Rect r) {
+  constexpr bool waits = !H::kWaits || requires(const H& h, TileCoord t, Rect r) {
     h.before_tile_loads(t, r);
+  };
+  constexpr bool notifies = !H::kNotifies || requires(const H& h, TileCoord t, Rect r) {
     h.after_tile_stored(t, r);
   };
+  return waits && notifies;
 }
 template <class H>
 using HooksInWarp = std::conditional_t<const_callable_hooks<H>(), const H&, H>;
