@@ -268,6 +268,19 @@ TEST(PathModel, RefusesBadModels) {
   m = links();
   m.link_gbps = 0;
   EXPECT_THROW(choose_path(1e9, 1e6, m, OpPath::kAuto), Error);
+  // GEMM+RS's own rates.
+  const GemmRsPlan rs = two_rank_rs(8192, 8192, 8192);
+  m = links(132, 4);
+  m.rs_sm_tflops = 0;
+  EXPECT_THROW(choose_path(rs, m, OpPath::kAuto), Error);
+  EXPECT_THROW(gemm_rs_reduce_sms(rs, m), Error);
+  m = links(132, 4);
+  m.reduce_during_gbps = 0;
+  EXPECT_THROW(choose_path(rs, m, OpPath::kAuto), Error);
+  m = links(132, 4);
+  m.reduce_after_gbps = -1;
+  EXPECT_THROW(gemm_rs_reduce_sms(rs, m), Error);
+  EXPECT_NO_THROW(choose_path(rs, links(132, 4), OpPath::kAuto));
   OpPath p;
   EXPECT_TRUE(parse_op_path("unfused", &p));
   EXPECT_EQ(p, OpPath::kUnfused);
