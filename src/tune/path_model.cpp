@@ -32,7 +32,7 @@ double gemm_rs_comm_bytes(const GemmRsPlan& p) {
 }
 
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
-                       int comm_tiles, double fused_comm_us, double fused_gemm_us) {
+                       int comm_tiles, double fused_gemm_us) {
   TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
              "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms ("
                                                                << m.sms << ")");
@@ -54,7 +54,7 @@ PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, O
   const double t_gemm_fused = fused_gemm_us > 0 ? fused_gemm_us : t_gemm_all * m.sms / m.gemm_sms;
   // The baseline's collective moves the bytes in one go; the fused comm program pays per tile too.
   const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
-  const double t_comm_tiled = std::max(t_comm + comm_tiles * m.comm_tile_us, fused_comm_us);
+  const double t_comm_tiled = t_comm + comm_tiles * m.comm_tile_us;
   c.unfused_us = t_gemm_all + t_comm;
   c.fused_us = std::max(t_gemm_fused, t_comm_tiled) +
                (m.own_rows_direct ? m.direct_exposed * t_comm : m.fused_overhead_us);
@@ -143,7 +143,7 @@ PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath reques
   const int reduce_sms = m.sms - m.gemm_sms;
   MachineModel rs = m;
   rs.fused_overhead_us = reduce_sms >= 1 ? gemm_rs_after_us(p, m, reduce_sms) : 0;
-  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0, 0,
+  return choose_path(2.0 * p.m() * p.n * p.k, gemm_rs_comm_bytes(p), rs, requested, 0,
                      gemm_rs_gemm_us(p, m, m.gemm_sms));
 }
 

@@ -4,8 +4,8 @@
 //   unfused = T_gemm(all SMs) + T_comm                  (one after the other, one collective)
 //   fused   = max(T_gemm(the GEMM's SMs), T_comm + tiles * comm_tile_us) + a per-call overhead
 //   T_gemm  = 2*M*N*K / (rate * gemm_sms / sms)         T_comm = bytes moved / link bandwidth
-// GEMM+RS counts its fused GEMM in waves of tiles (ceil(tiles / gemm_sms) tiles an SM), and its
-// reduce's own time where that is longer than the link's.
+// GEMM+RS counts its fused GEMM in waves of tiles (ceil(tiles / gemm_sms) tiles an SM), and as its
+// per-call cost the reduce left when the GEMM is done (gemm_rs_after_us).
 // AG+GEMM whose GEMM reads the rank's own rows from A_r (push on separate GPUs, own rows on tile
 // rows) starts at once, with no entry barrier or own copy before it: its per-call cost is a share
 // of the communication, not a constant:
@@ -93,11 +93,10 @@ struct PathChoice {
 double ag_gemm_comm_bytes(const AgGemmPlan& p);
 double gemm_rs_comm_bytes(const GemmRsPlan& p);
 
-// comm_tiles: the communication tiles a rank moves (each costs m.comm_tile_us); fused_comm_us: the
-// fused comm program's own time when it is slower than the link (0: the link's); fused_gemm_us: the
+// comm_tiles: the communication tiles a rank moves (each costs m.comm_tile_us); fused_gemm_us: the
 // fused GEMM's time on its SMs (0: the flat rate scaled by sms / gemm_sms).
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
-                       int comm_tiles = 0, double fused_comm_us = 0, double fused_gemm_us = 0);
+                       int comm_tiles = 0, double fused_gemm_us = 0);
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
 
