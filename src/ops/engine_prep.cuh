@@ -26,6 +26,7 @@ compute::sm90::GemmArgs engine_args(const Plan& p, const void* a, const void* b,
   args.num_sms = num_sms;
   args.start_m = p.compute_order.start_m;
   args.group_m = p.compute_order.group_m;
+  args.row_bands = p.compute_order.bands;
   return args;
 }
 

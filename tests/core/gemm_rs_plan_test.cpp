@@ -103,6 +103,41 @@ TEST(GemmRsPlan, ReduceWalkFollowsTheOwnGemmTiles) {
   }
 }
 
+// Every owner's gemm tiles finish at the same pace through the walk, on every rank: after each
+// group of the compute order (segments of whole tile rows), every segment has the same number of
+// tiles done. The staggered order finished one owner's tiles only in the last 1/W of a rank's walk.
+TEST(GemmRsPlan, EveryOwnersTilesFinishAtAnEvenPace) {
+  for (int world : {2, 3, 4, 8}) {
+    for (int group : {1, 2, 4, 16}) {
+      for (int64_t rows_per_rank : {128, 1024, 4096}) {
+        GemmRsConfig cfg;
+        cfg.gemm_tile_m = 128;
+        cfg.gemm_tile_n = 256;
+        cfg.group_m = group;
+        const RowPartition rows = RowPartition::even(rows_per_rank * world, world);
+        SCOPED_TRACE(testing::Message()
+                     << "world " << world << " group " << group << " rows " << rows_per_rank);
+        const GemmRsPlan first = GemmRsPlan::make(0, rows, 2048, 1024, DType::kBF16, cfg);
+        for (int rank = 1; rank < world; ++rank) {
+          const GemmRsPlan p = GemmRsPlan::make(rank, rows, 2048, 1024, DType::kBF16, cfg);
+          for (int i = 0; i < p.compute_order.count(); ++i)
+            ASSERT_EQ(p.compute_order.at(i), first.compute_order.at(i));
+        }
+        const TileOrder& o = first.compute_order;
+        const int64_t per_group = static_cast<int64_t>(o.group_m) * o.tiles_n;
+        std::vector<int64_t> done(static_cast<size_t>(world), 0);
+        for (int i = 0; i < o.count(); ++i) {
+          ++done[static_cast<size_t>(rows.owner_of_row(first.gemm.region(o.at(i)).row))];
+          if ((i + 1) % per_group != 0 && i + 1 != o.count()) continue;
+          for (int s = 1; s < world; ++s) {
+            ASSERT_EQ(done[s], done[0]) << "after " << i + 1 << " tiles";
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmRsPlan, ReduceTilesPartitionEachSegmentExactly) {
   TL_SEEDED_RNG(rng);
   for (int iter = 0; iter < 300; ++iter) {
@@ -111,8 +146,11 @@ TEST(GemmRsPlan, ReduceTilesPartitionEachSegmentExactly) {
     std::vector<int> reduced(static_cast<size_t>(s.rows.total() * s.n), 0);
     for (const GemmRsPlan& p : make_plans(s)) {
       ASSERT_EQ(p.compute_order.count(), p.gemm.num_tiles());
-      ASSERT_EQ(p.compute_order.at(0).m,
-                first_tile_row_of_segment(s.rows, (p.rank + 1) % p.world_size, s.cfg.gemm_tile_m));
+      // The same banded order on every rank (one band a segment), groups of whole turns.
+      ASSERT_EQ(p.compute_order.bands, p.world_size);
+      ASSERT_EQ(p.compute_order.start_m, 0);
+      ASSERT_EQ(p.compute_order.group_m % p.world_size, 0);
+      ASSERT_GE(p.compute_order.group_m, s.cfg.group_m);
       for (int i = 0; i < p.reduce_count(); ++i) {
         Rect r = p.reduce_region(i);
         ASSERT_FALSE(r.empty()) << "rank " << p.rank << " reduce tile " << i;

@@ -97,6 +97,62 @@ TEST(TileOrder, IsABijectionStartingAtStartM) {
   }
 }
 
+TEST(TileOrder, BandsAreABijectionVisitingTheBandsInTurn) {
+  TL_SEEDED_RNG(rng);
+  for (int iter = 0; iter < 2000; ++iter) {
+    TileOrder o;
+    o.tiles_m = rng.uniform_int(1, 40);
+    o.tiles_n = rng.uniform_int(1, 12);
+    o.bands = rng.uniform_int(1, 9);
+    o.start_m = rng.coin(0.3) ? rng.uniform_int(0, o.tiles_m - 1) : 0;
+    o.group_m = rng.uniform_int(1, 10);
+    SCOPED_TRACE(::testing::Message()
+                 << "tiles " << o.tiles_m << "x" << o.tiles_n << " bands " << o.bands << " start "
+                 << o.start_m << " group " << o.group_m);
+    // band_row is a bijection of the rows, and row i of band s comes before row i + 1 of any band.
+    std::vector<int> row_seen(static_cast<size_t>(o.tiles_m), 0);
+    const int q = o.tiles_m / o.bands, rem = o.tiles_m % o.bands;
+    std::vector<int> band_of(static_cast<size_t>(o.tiles_m)),
+        index_in_band(static_cast<size_t>(o.tiles_m));
+    for (int s = 0, row = 0; s < o.bands; ++s)
+      for (int i = 0; i < q + (s < rem ? 1 : 0); ++i, ++row)
+        band_of[row] = s, index_in_band[row] = i;
+    int last_index = 0;
+    for (int v = 0; v < o.tiles_m; ++v) {
+      const int row = o.band_row(v);
+      ASSERT_GE(row, 0);
+      ASSERT_LT(row, o.tiles_m);
+      ++row_seen[row];
+      ASSERT_GE(index_in_band[row], last_index) << "walk row " << v;
+      last_index = index_in_band[row];
+      if (v < q * o.bands) {
+        ASSERT_EQ(band_of[row], v % o.bands) << "walk row " << v;
+      }
+    }
+    for (int n : row_seen) {
+      ASSERT_EQ(n, 1);
+    }
+    // The whole order is still a bijection of the grid, starting at the walk's row start_m.
+    std::vector<int> seen(static_cast<size_t>(o.count()), 0);
+    for (int i = 0; i < o.count(); ++i) {
+      const TileCoord c = o.at(i);
+      ASSERT_GE(c.m, 0);
+      ASSERT_LT(c.m, o.tiles_m);
+      ASSERT_GE(c.n, 0);
+      ASSERT_LT(c.n, o.tiles_n);
+      ++seen[c.m * o.tiles_n + c.n];
+    }
+    for (int v : seen) {
+      ASSERT_EQ(v, 1);
+    }
+    ASSERT_EQ(o.at(0), (TileCoord{o.band_row(o.start_m), 0}));
+  }
+  // 8 rows in 3 bands (3, 3, 2 rows): rows 0, 3, 6, 1, 4, 7, 2, 5.
+  const TileOrder o{8, 1, 0, 1, 3};
+  const int want[] = {0, 3, 6, 1, 4, 7, 2, 5};
+  for (int v = 0; v < 8; ++v) EXPECT_EQ(o.at(v).m, want[v]) << v;
+}
+
 TEST(TileOrder, FirstTileRowOfSegmentStartsInsideTheSegment) {
   TL_SEEDED_RNG(rng);
   for (int iter = 0; iter < 1000; ++iter) {

@@ -1,9 +1,17 @@
 // Tile orders: the sequence in which a worker visits the tiles of a grid.
 //
-// TileOrder visits a (tiles_m x tiles_n) grid in groups of `group_m` tile rows (column-major inside a
-// group, for L2 reuse of the B operand; group_m = 1 is plain row-major), with the tile rows rotated so
-// that the walk starts at tile row `start_m` and wraps. The rotation is the local-first swizzle: a rank
-// starts where its data already is (AG+GEMM) or where its peers need it first (GEMM+RS).
+// TileOrder visits a (tiles_m x tiles_n) grid in groups of `group_m` tile rows (column-major inside
+// a group, for L2 reuse of the B operand; group_m = 1 is plain row-major), with the tile rows
+// rotated so that the walk starts at tile row `start_m` and wraps. The rotation is the local-first
+// swizzle: a rank starts where its data already is (AG+GEMM).
+//
+// With `bands` > 1 the walk's tile rows are not the grid's in order: the grid's rows are cut into
+// `bands` near-equal bands (the first tiles_m % bands of them one row longer), and the walk takes
+// row 0 of every band, then row 1 of every band, ... (grouping and rotation apply to that
+// sequence). GEMM+RS walks its partial this way with one band per rank's segment, the same order on
+// every rank: every owner's reduce tiles then finish at an even pace through the whole GEMM, on
+// every rank at once, instead of all in the last 1/W of it (bench/notes/fused_ops_cuda.md, session
+// 9).
 #pragma once
 
 #include "tilelink/core/config.hpp"
@@ -16,8 +24,18 @@ struct TileOrder {
   int tiles_m = 0, tiles_n = 0;
   int start_m = 0;  // first tile row visited
   int group_m = 1;  // tile rows per group
+  int bands = 1;    // row bands visited in turn (see above); 1: the rows in order
 
   TL_HD int count() const { return tiles_m * tiles_n; }
+
+  // The grid row of the walk's row v (after rotation), 0 <= v < tiles_m.
+  TL_HD int band_row(int v) const {
+    if (bands <= 1) return v;
+    const int q = tiles_m / bands, rem = tiles_m % bands;
+    const int s = v < q * bands ? v % bands : v - q * bands;  // the band
+    const int i = v < q * bands ? v / bands : q;              // the row inside it
+    return s * q + (s < rem ? s : rem) + i;
+  }
 
   // The i-th tile visited, 0 <= i < count(). A bijection onto the grid.
   TL_HD TileCoord at(int i) const {
@@ -28,7 +46,7 @@ struct TileOrder {
     int in_group = i - group * per_group;
     int m = first_m + in_group % rows_in_group;
     int n = in_group / rows_in_group;
-    return {(m + start_m) % tiles_m, n};
+    return {band_row((m + start_m) % tiles_m), n};
   }
 };
 

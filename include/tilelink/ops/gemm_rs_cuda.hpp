@@ -4,8 +4,8 @@
 //                    everywhere, so partial buffers may be overwritten)
 //   compute program  the sm90 engine on a second stream of the rank, on its SMs less comm_workers:
 //                    P_r = A_r B_r^T into the rank's symmetric `partial`, tiles in the plan's
-//                    staggered order; after each tile's epilogue the engine's notify warp
-//                    release-stores tile_done[t] = epoch (system scope)
+//                    banded order (the same on every rank); after each tile's epilogue the notify
+//                    warp release-stores tile_done[t] = epoch (system scope)
 //   reduce program   config.mode = pull: the SM-driven reduce of ops/cuda/comm.hpp on comm_workers
 //                    SMs of the rank's stream: each reduce tile of the rank's segment once the gemm
 //                    tiles covering it are done on every source (reading the peers' partials),

@@ -8,8 +8,9 @@
 //                 comm_tile_cols: their own size, linked to gemm tiles by covering()
 //   channels      gemm tile t -> slot t of `tile_done` (pull), or slot (src * gemm tiles + t) of
 //                 `staged` on the owner (push); reduce tile -> the gemm tiles covering it
-//   orders        compute: staggered, rank r starts at the tile row where rank r+1's segment
-//                 starts and ends with its own, so the ranks feed different owners at once;
+//   orders        compute: the same on every rank, the tile rows in W bands (one a segment)
+//                 visited in turn (TileOrder::bands), so every owner's tiles finish at an even
+//                 pace through the whole GEMM on every rank at once;
 //                 reduce: the rank's own reduce tiles in the order its GEMM finishes them
 //                 (reduce_order: column-major inside groups of rows, as the compute order), so
 //                 workers taking every stride-th one keep pace with the GEMM; sources summed in

@@ -76,6 +76,10 @@ struct MachineModel {
   // reduce_after_gbps (the GEMM's SMs join the reduce); then rs_fused_overhead_us + rs_tail_tiles
   // times one tile's time. Fit to a sweep of 4-24 reduce SMs on nine shapes (session 8, two
   // H200s): the model's best SMs measured within 2.5% of the sweep's best on every shape.
+  // NOTE: "the last wave's share" is 1/waves of the work because the compute order is banded (every
+  // wave holds every owner's tiles alike: TileOrder::bands). The fit was made with the staggered
+  // order before it, whose last waves held only the owner's own tiles; the banded order measured
+  // 0-4% faster fused (session 9), so the model is now slightly conservative.
   double reduce_during_gbps = 10;
   double reduce_after_gbps = 350;
   double rs_fused_overhead_us = 0;

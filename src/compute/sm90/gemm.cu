@@ -51,6 +51,7 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks) {
   o.tiles_n = g.tiles_n();
   o.start_m = args.start_m;
   o.group_m = args.group_m > 0 ? args.group_m : gemm_default_group_m(args.m, args.n, num_blocks);
+  o.bands = args.row_bands;
   return o;
 }
 
@@ -84,6 +85,7 @@ void gemm_check(const GemmArgs& a) {
   TL_REQUIRE(a.start_m >= 0 && (a.start_m < g.tiles_m() || a.start_m == 0),
              "sm90 gemm: start_m must be in [0, " << g.tiles_m() << "), got " << a.start_m);
   TL_REQUIRE(a.group_m >= 0, "sm90 gemm: group_m must be >= 0 (0 = heuristic), got " << a.group_m);
+  TL_REQUIRE(a.row_bands >= 1, "sm90 gemm: row_bands must be >= 1, got " << a.row_bands);
   if (a.a_alt != nullptr) {
     const int64_t end = a.a_alt_row0 + a.a_alt_rows, lda_alt = a.lda_alt ? a.lda_alt : a.k;
     TL_REQUIRE(a.a_alt_rows > 0 && a.a_alt_row0 >= 0 && end <= a.m,

@@ -3,7 +3,7 @@
 // The engine is a persistent, warp-specialized kernel: one producer warp issues TMA loads into a
 // multi-stage shared-memory pipeline, two consumer warpgroups run wgmma on a 128x256 output tile with
 // fp32 accumulators and store the tile through per-warp shared-memory staging (16-byte row stores). The grid walks the output tiles in a
-// core TileOrder (start_m rotation, group_m grouping), every block taking every num_blocks-th tile.
+// core TileOrder (start_m rotation, group_m grouping, row bands), every block taking every num_blocks-th tile.
 //
 // Layouts: A is [M, K] row-major (row stride lda), B is [N, K] row-major (nn.Linear weight, row stride
 // ldb), C is [M, N] row-major (row stride ldc). Inputs bf16 or fp16 (both the same), output bf16, fp16
@@ -69,6 +69,7 @@ struct GemmArgs {
   int num_sms = 0;  // blocks of the persistent grid (one per SM); 0: every SM of the device
   int start_m = 0;  // TileOrder: first tile row visited
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
+  int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
   // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band
   // starts on a tile row (a multiple of kTileM) and ends on one or at M. Only launch_gemm<..., true>
