@@ -260,8 +260,10 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
 PathChoice GemmRs::choose(OpPath requested) const {
   const int r0 = world_.local_ranks().front();
   const MachineModel m = detail::machine_model(world_, r0, gemm_sms(r0));
+  // push: its own plan (the engine's side, plans_, is always a pull plan)
+  const std::vector<GemmRsPlan>& plans = push_plans_.empty() ? plans_ : push_plans_;
   return agreed_choice(world_.size(), r0, requested,
-                       [&](int r) { return choose_path(plans_[r], m, requested); });
+                       [&](int r) { return choose_path(plans[r], m, requested); });
 }
 
 void GemmRs::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,

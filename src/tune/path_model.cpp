@@ -140,6 +140,16 @@ int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m) {
 
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
+  if (p.config.mode == CommMode::kPush && requested == OpPath::kAuto) {
+    // NOTE: the model below is pull's (its reduce rates, the GEMM's SMs joining the reduce); push
+    // pays its pushes on SMs beside the GEMM and measured slower than the baseline on every shape.
+    PathChoice c;
+    c.path = OpPath::kUnfused;
+    c.why =
+        "push: measured 0.57-0.97x of cuBLAS+NCCL on every shape on two H200s (bench/notes/"
+        "fused_ops_cuda.md, sessions 6-9); the model predicts pull only (--path fused forces push)";
+    return c;
+  }
   const int reduce_sms = m.sms - m.gemm_sms;
   MachineModel rs = m;
   rs.fused_overhead_us = reduce_sms >= 1 ? gemm_rs_after_us(p, m, reduce_sms) : 0;

@@ -196,6 +196,29 @@ TEST(PathModel, MeasuredGemmRsRows) {
             gemm_rs_fused_us(p, m, gemm_rs_reduce_sms(p, m)) + 50);
 }
 
+TEST(PathModel, GemmRsPushIsNeverFusedByAuto) {
+  // Push measured 0.57-0.97x of cuBLAS+NCCL on every shape (two H200s, world 2; session 9: 0.67x,
+  // 0.59x, 0.96x at 8192x4096x11008, 8192^3, 8192x8192x28672), while the pull model, which `auto`
+  // used for it before, predicted those shapes fused.
+  for (const int64_t k : {11008, 8192, 28672}) {
+    GemmRsPlan p = two_rank_rs(8192, k == 11008 ? 4096 : 8192, k);
+    MachineModel m = links(132, 0);
+    m.gemm_sms = 132 - gemm_rs_reduce_sms(p, m);
+    EXPECT_EQ(choose_path(p, m, OpPath::kAuto).path, OpPath::kFused) << k;
+    p.config.mode = CommMode::kPush;
+    const PathChoice c = choose_path(p, m, OpPath::kAuto);
+    EXPECT_EQ(c.path, OpPath::kUnfused) << k;
+    EXPECT_NE(c.why.find("push"), std::string::npos) << c.why;
+    EXPECT_EQ(choose_path(p, m, OpPath::kFused).path, OpPath::kFused) << k;
+  }
+  // One rank has nothing to push: the bare engine either way.
+  GemmRsConfig cfg;
+  cfg.mode = CommMode::kPush;
+  const GemmRsPlan one =
+      GemmRsPlan::make(0, RowPartition::even(1024, 1), 1024, 1024, DType::kBF16, cfg);
+  EXPECT_EQ(choose_path(one, links(132, 0), OpPath::kAuto).path, OpPath::kFused);
+}
+
 TEST(PathModel, GemmRsGemmCountsWholeWaves) {
   // 8192x6144 in 128x256 tiles: 1536 tiles, 12 waves on 128 SMs, 13 on 126 (measured 1.284 ms at
   // K_r 8192 on 126 SMs, session 8).

@@ -102,6 +102,8 @@ double gemm_rs_comm_bytes(const GemmRsPlan& p);
 PathChoice choose_path(double flops, double comm_bytes, const MachineModel& m, OpPath requested,
                        int comm_tiles = 0, double fused_gemm_us = 0);
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested);
+// GEMM+RS: the pull model; a push plan (config.mode) is never fused by `auto` (measured slower than
+// the baseline on every shape).
 PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath requested);
 
 // GEMM+RS's GEMM on `gemm_sms` SMs, in waves of tiles (m.rs_sm_tflops), us.
