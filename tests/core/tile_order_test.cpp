@@ -65,6 +65,22 @@ TEST(TileGrid, CoveringIsExactlyTheIntersectingTiles) {
   }
 }
 
+// Every tile of the grid visited exactly once.
+void expect_bijection(const TileOrder& o) {
+  std::vector<int> seen(static_cast<size_t>(o.count()), 0);
+  for (int i = 0; i < o.count(); ++i) {
+    const TileCoord c = o.at(i);
+    ASSERT_GE(c.m, 0);
+    ASSERT_LT(c.m, o.tiles_m);
+    ASSERT_GE(c.n, 0);
+    ASSERT_LT(c.n, o.tiles_n);
+    ++seen[c.m * o.tiles_n + c.n];
+  }
+  for (int v : seen) {
+    ASSERT_EQ(v, 1);
+  }
+}
+
 TEST(TileOrder, IsABijectionStartingAtStartM) {
   TL_SEEDED_RNG(rng);
   for (int iter = 0; iter < 2000; ++iter) {
@@ -76,18 +92,7 @@ TEST(TileOrder, IsABijectionStartingAtStartM) {
     SCOPED_TRACE(::testing::Message() << "tiles " << o.tiles_m << "x" << o.tiles_n << " start "
                                       << o.start_m << " group " << o.group_m);
     ASSERT_EQ(o.count(), o.tiles_m * o.tiles_n);
-    std::vector<int> seen(static_cast<size_t>(o.count()), 0);
-    for (int i = 0; i < o.count(); ++i) {
-      TileCoord c = o.at(i);
-      ASSERT_GE(c.m, 0);
-      ASSERT_LT(c.m, o.tiles_m);
-      ASSERT_GE(c.n, 0);
-      ASSERT_LT(c.n, o.tiles_n);
-      ++seen[c.m * o.tiles_n + c.n];
-    }
-    for (int v : seen) {
-      ASSERT_EQ(v, 1);
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_bijection(o));
     ASSERT_EQ(o.at(0).m, o.start_m);
     ASSERT_EQ(o.at(0).n, 0);
     if (o.group_m == 1)  // plain row-major from start_m: the first tiles_n tiles are row start_m
@@ -133,18 +138,7 @@ TEST(TileOrder, BandsAreABijectionVisitingTheBandsInTurn) {
       ASSERT_EQ(n, 1);
     }
     // The whole order is still a bijection of the grid, starting at the walk's row start_m.
-    std::vector<int> seen(static_cast<size_t>(o.count()), 0);
-    for (int i = 0; i < o.count(); ++i) {
-      const TileCoord c = o.at(i);
-      ASSERT_GE(c.m, 0);
-      ASSERT_LT(c.m, o.tiles_m);
-      ASSERT_GE(c.n, 0);
-      ASSERT_LT(c.n, o.tiles_n);
-      ++seen[c.m * o.tiles_n + c.n];
-    }
-    for (int v : seen) {
-      ASSERT_EQ(v, 1);
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_bijection(o));
     ASSERT_EQ(o.at(0), (TileCoord{o.band_row(o.start_m), 0}));
   }
   // 8 rows in 3 bands (3, 3, 2 rows): rows 0, 3, 6, 1, 4, 7, 2, 5.
