@@ -234,12 +234,14 @@ void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   }
 }
 
-void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c, bool hooks) {
+void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c,
+                          bool hooks, bool linked) {
   const AgGemmPlan& p = plans_[r];
   compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
   if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
-  AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
-                       p.gemm.tiles_n(), epochs_->epoch(r, 1)};
+  AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r),
+                       p.ws.tile_ready,          p.comm,
+                       p.gemm.tiles_n(),         linked ? epochs_->epoch(r, 1) : Epoch{0}};
   if (!own_direct(r)) return detail::launch_engine(args, wait, lanes_->gemm_stream(r));
   args.a_alt = a_own;
   args.a_alt_row0 = p.comm.parts.begin(r);
@@ -257,6 +259,18 @@ bool AgGemm::own_direct(int r) const {
 
 void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
                  const std::vector<void*>& c) {
+  run_call(a, b, c, true);
+}
+
+void AgGemm::run_unlinked(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                          const std::vector<void*>& c) {
+  TL_REQUIRE(!epochs_->graph_mode(),
+             "ag_gemm: run_unlinked is for eager benches, not after a capture");
+  run_call(a, b, c, false);
+}
+
+void AgGemm::run_call(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                      const std::vector<void*>& c, bool linked) {
   check_args(a, b, c);
   if (world_.size() == 1) {  // nothing to gather: the engine alone, on A itself
     const int r = world_.local_ranks().front();
@@ -281,7 +295,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
       world_.bind(r);
       lanes_->fork(r);
       enqueue_comm(r, a[r], CommPart::kAll);
-      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true);
+      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true, linked);
       lanes_->join_record(r);
     }
     for (int r : world_.local_ranks()) {
@@ -297,7 +311,7 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
     world_.bind(r);
     if (local_first && !own_direct(r)) enqueue_comm(r, a[r], CommPart::kLocal);
     lanes_->fork(r);  // the previous call is done with `gathered`; the epoch has advanced
-    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true);
+    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true, linked);
     lanes_->join_record(r);
   }
   for (int r : world_.local_ranks()) {

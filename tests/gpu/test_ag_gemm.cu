@@ -1,6 +1,7 @@
 // Fused AG+GEMM on the CUDA backend over virtual ranks (one GPU, green contexts), world 1, 2, 4, 8,
 // and on two GPUs (peer transport) where the machine has them: against the float64 reference,
-// bit-exact gathered A (poisoned before every call), pull and push, ragged M, repeated calls.
+// bit-exact gathered A (poisoned before every call), pull and push, ragged M, repeated calls (with
+// the bench's unlinked calls between two of them).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -81,6 +82,13 @@ void run_case(const Case& tc, uint64_t seed) {
            b % 128 == 0 && (e % 128 == 0 || e == M);
   };
   for (int call = 0; call < 3; ++call) {
+    if (call == 1) {
+      // The bench's unlinked call (the GEMM not waiting) between two calls: it must end, and leave
+      // the epochs so that the next call waits for its own tiles again (checked below).
+      op.run_unlinked(da, db, dc);
+      op.run_unlinked(da, db, dc);
+      world.sync("ag_gemm(unlinked)");
+    }
     for (int r = 0; r < tc.world; ++r) {  // poison: unwritten tiles show as NaN
       world.bind(r);
       TL_CUDA_CHECK(cudaMemset(dc[r], 0xff, M * tc.n_r * 2));

@@ -1,8 +1,8 @@
 // tilelink bench gemm: the sm90 GEMM engine against cuBLAS in the same run, plus the engine with
 // wait/notify hooks on (every wait signal already set), each checked against a float32 reference.
-// Timing: CUDA events around each launch, L2 flushed (a 2x-L2 memset) before every launch; every rep
-// runs each variant once, in a fresh random order (NOTE: a launch runs ~0.5% faster right after a
-// launch of the same kernel, and a fixed order gave one variant that bonus every time), median of
+// Timing: CUDA events around each launch, L2 flushed (a 2x-L2 memset) before every launch; every
+// rep runs each variant once, in a fresh random order (NOTE: a launch runs ~0.5% faster right after
+// a launch of the same kernel, and a fixed order gave one variant that bonus every time), median of
 // --reps after --warmup.
 // Hooks overhead: paired per rep, hooks time over the mean of the rep's two plain-engine launches
 // (E and E'), median over reps. A/A: E' over E the same way: the noise floor of that comparison,
@@ -11,14 +11,19 @@
 //             notify signal
 //   wait+%    waits only (no notify stores; the engine's consumer -> notify-warp handoff remains)
 //   notif+%   notifies only (no waits)
-// --hot-signals: after every flush, before every variant, a small kernel writes the wait signals again,
-// as a communication program leaves them just before the GEMM (without it the flush evicts them with
-// everything else and the first wait reads DRAM).
+//   ag+%      waits only, compiled without the notify side (no handoff, no notify warp),
+//             system scope: the hooks as AG+GEMM's engine instance has them
+//   rs+%      notifies only, compiled without the wait side, system scope: as GEMM+RS's instance
+// --hot-signals: after every flush, before every variant, a small kernel writes the wait signals
+// again, as a communication program leaves them just before the GEMM (without it the flush evicts
+// them with everything else and the first wait reads DRAM).
 // --warm-code: every timed launch right after an untimed launch of the same variant (the L2 flush
 // between them). NOTE: a launch that follows a launch of the same kernel code runs ~0.5 us faster
-// (measured on the H200, bench/notes/gemm.md, session 6), and in the shuffled order the hooks kernel's
-// code runs in 3 of 6 launches (hooks, wait, notify), the plain engine's in 2: --warm-code gives every
-// variant the same warm code, the default gives every variant the same shuffled neighbours.
+// (measured on the H200, bench/notes/gemm.md, session 6), and in the shuffled order the hooks
+// kernel's code runs in 3 of 8 launches (hooks, wait, notify), the plain engine's in 2, the ag- and
+// rs-type kernels' in 1 each (so those two start ~0.5 us behind the plain engine): --warm-code
+// gives every variant the same warm code, the default gives every variant the same shuffled
+// neighbours.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -86,12 +91,15 @@ double median(std::vector<float> v) {
 // The hooks-on variants are instantiated for bf16 -> bf16 (the fused ops' type); other types time the
 // plain engine and cuBLAS only.
 using BenchHooks = sm90::SignalHooks<cuda::thread_scope_device>;
+using AgTypeHooks = sm90::SignalHooks<cuda::thread_scope_system, true, false>;  // as AG+GEMM's
+using RsTypeHooks = sm90::SignalHooks<cuda::thread_scope_system, false, true>;  // as GEMM+RS's
 
 // Sets every wait signal to `epoch` (again): the lines land in L2, where a producer's stores leave them.
 __global__ void set_signals(uint64_t* sig, int64_t n, uint64_t epoch) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sig[i] = epoch;
 }
-void gemm_with_hooks(const sm90::GemmArgs& args, const BenchHooks& hooks, cudaStream_t s) {
+template <class Hooks>
+void gemm_with_hooks(const sm90::GemmArgs& args, const Hooks& hooks, cudaStream_t s) {
   sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, s);
 }
 
@@ -157,14 +165,15 @@ int bench_gemm(Args& args) {
   CK(cudaEventCreate(&ev[1]));
 
   if (csv)
-    std::printf("m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
-                "wait_only_pct,notify_only_pct,err_engine,err_hooks,err_cublas\n");
+    std::printf(
+        "m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
+        "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas\n");
   else
-    std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %8s %8s %8s\n", "M", "N", "K", "engine",
-                "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%", "notif+%", "err_eng", "err_hook",
-                "err_blas");
+    std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %6s %6s | %8s %8s %8s\n", "M",
+                "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
+                "notif+%", "ag+%", "rs+%", "err_eng", "err_hook", "err_blas");
 
-  std::vector<double> ratios, overheads, aa_abs;
+  std::vector<double> ratios, overheads, aa_abs, ag_overheads, rs_overheads;
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
@@ -192,6 +201,10 @@ int bench_gemm(Args& args) {
     BenchHooks wait_only = hooks, notify_only = hooks;
     wait_only.notify_signals = nullptr;
     notify_only.wait_signals = nullptr;
+    AgTypeHooks ag_type;
+    ag_type.wait_signals = wait_sig, ag_type.tiles_n = grid.tiles_n(), ag_type.epoch = 1;
+    RsTypeHooks rs_type;
+    rs_type.notify_signals = notify_sig, rs_type.tiles_n = grid.tiles_n(), rs_type.epoch = 1;
     const float alpha = 1.f, beta = 0.f;
     auto run_engine = [&] { sm90::gemm(ga, stream); };
     auto run_hooks = [&] { gemm_with_hooks(ga, hooks, stream); };
@@ -220,20 +233,43 @@ int bench_gemm(Args& args) {
       };
       check(run_engine, c, &err_eng);
       if (hooks_on) {
+        // Every hooks kernel that notifies must have notified every tile; the ag- and rs-type ones
+        // count into the hooks' error column (the worst of the three).
+        auto check_notified = [&](const char* which) {
+          std::vector<uint64_t> got(grid.num_tiles());
+          CK(cudaMemcpy(got.data(), notify_sig, got.size() * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost));
+          if (std::count(got.begin(), got.end(), uint64_t{1}) != int64_t(got.size())) {
+            all_ok = false;
+            std::printf("# FAIL %lldx%lldx%lld: %s: not every tile notified\n", (long long)m,
+                        (long long)n, (long long)k, which);
+          }
+          CK(cudaMemset(notify_sig, 0, grid.num_tiles() * sizeof(uint64_t)));
+        };
+        double err_ag = 0, err_rs = 0;
         check(run_hooks, c, &err_hooks);
-        std::vector<uint64_t> got(grid.num_tiles());
-        CK(cudaMemcpy(got.data(), notify_sig, got.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-        if (std::count(got.begin(), got.end(), uint64_t{1}) != int64_t(got.size())) {
-          all_ok = false;
-          std::printf("# FAIL %lldx%lldx%lld: not every tile notified\n", (long long)m, (long long)n, (long long)k);
-        }
+        check_notified("hooks");
+        check([&] { gemm_with_hooks(ga, ag_type, stream); }, c, &err_ag);
+        check([&] { gemm_with_hooks(ga, rs_type, stream); }, c, &err_rs);
+        check_notified("rs-type hooks");
+        err_hooks = std::max({err_hooks, err_ag, err_rs});
       }
       check(run_cublas, c_blas, &err_blas);
       CK(cudaFree(refc));
     }
 
     // ---- timing: every variant once per rep, rotated order, L2 flushed before each launch ----
-    enum { kEngine, kEngine2, kCublas, kHooks, kWaitOnly, kNotifyOnly, kVariants };
+    enum {
+      kEngine,
+      kEngine2,
+      kCublas,
+      kHooks,
+      kWaitOnly,
+      kNotifyOnly,
+      kAgType,
+      kRsType,
+      kVariants
+    };
     const int variants = hooks_on ? kVariants : kCublas + 1;
     std::vector<std::vector<float>> t(kVariants);
     std::vector<int> order(variants);
@@ -250,6 +286,12 @@ int bench_gemm(Args& args) {
             case kHooks: run_hooks(); break;
             case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
             case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
+            case kAgType:
+              gemm_with_hooks(ga, ag_type, stream);
+              break;
+            case kRsType:
+              gemm_with_hooks(ga, rs_type, stream);
+              break;
           }
         };
         if (warm_code) launch();
@@ -278,22 +320,28 @@ int bench_gemm(Args& args) {
     const double tf_hooks = hooks_on ? flop / (median(t[kHooks]) * 1e-3) / 1e12 : 0;
     const double ratio = tf_eng / tf_blas;
     const Paired p_hooks = paired(t[kHooks], base), p_aa = paired(t[kEngine2], base_e),
-                 p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base);
+                 p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base),
+                 p_ag = paired(t[kAgType], base), p_rs = paired(t[kRsType], base);
     ratios.push_back(ratio);
     if (hooks_on) {
       overheads.push_back(p_hooks.median_pct);
       aa_abs.push_back(std::abs(p_aa.median_pct));
+      ag_overheads.push_back(p_ag.median_pct);
+      rs_overheads.push_back(p_rs.median_pct);
     }
     if (csv)
-      std::printf("%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e\n", (long long)m,
-                  (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct, p_aa.median_pct,
-                  p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, err_eng, err_hooks, err_blas);
+      std::printf(
+          "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e\n",
+          (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
+          p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
+          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas);
     else
-      std::printf("%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f | "
-                  "%8.2e %8.2e %8.2e\n",
-                  (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks, p_hooks.median_pct,
-                  p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct, p_notify.median_pct, err_eng, err_hooks,
-                  err_blas);
+      std::printf(
+          "%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f | "
+          "%+6.2f %+6.2f | %8.2e %8.2e %8.2e\n",
+          (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
+          p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
+          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas);
     std::fflush(stdout);
     CK(cudaFree(a));
     CK(cudaFree(b));
@@ -313,6 +361,8 @@ int bench_gemm(Args& args) {
     std::printf("; %s: median %+.2f%%, max %+.2f%%", what, o[o.size() / 2], o.back());
   };
   med_max(hot_signals ? "hooks overhead (hot signals)" : "hooks overhead", overheads);
+  med_max("AG+GEMM-type waits", ag_overheads);
+  med_max("GEMM+RS-type notifies", rs_overheads);
   if (!aa_abs.empty())
     std::printf("; |A/A| max %.2f%%", *std::max_element(aa_abs.begin(), aa_abs.end()));
   std::printf("; verification %s\n", verify ? (all_ok ? "PASSED" : "FAILED") : "skipped");

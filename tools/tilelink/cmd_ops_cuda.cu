@@ -114,11 +114,14 @@ double max_over_ranks(const tlc::World& world, double x) {
 }
 bool all_ranks(const tlc::World& world, bool ok) { return max_over_ranks(world, ok ? 0.0 : 1.0) == 0.0; }
 
-// TILELINK_CLI_TRACE=1: each step of a shape on stderr, flushed (where a hang sits).
+// TILELINK_CLI_TRACE=1: each step of a shape (and each timed part of a bench) on stderr, flushed,
+// with the wall clock (Unix seconds, to line up with e.g. nvidia-smi's samples): where a hang sits.
 void trace(const tlc::World& world, const char* step) {
   static const bool on = std::getenv("TILELINK_CLI_TRACE") != nullptr;
   if (!on) return;
-  std::fprintf(stderr, "[trace rank %d] %s\n", world.local_ranks().front(), step);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "[trace rank %d %.3f] %s\n", world.local_ranks().front(), now, step);
   std::fflush(stderr);
 }
 
@@ -154,6 +157,7 @@ void print_world1_overhead(tlc::World& world, const char* op, int iters, Engine&
 
 template <class Fn>
 double time_per_call_ms(tlc::World& world, const char* op, int warmup, int iters, Fn&& enqueue) {
+  trace(world, (std::string("timing ") + op).c_str());
   for (int i = 0; i < warmup; ++i) enqueue();
   world.sync(op);
   std::vector<double> batches;
@@ -163,6 +167,7 @@ double time_per_call_ms(tlc::World& world, const char* op, int warmup, int iters
     world.sync(op);
     batches.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters);
   }
+  trace(world, (std::string("timed ") + op).c_str());
   return max_over_ranks(world, median(batches));
 }
 
@@ -173,16 +178,27 @@ struct BenchRow {
   OpProblem p;
   double t_base, t_comm, t_gemm, t_fused;
   OpPath chosen;
+  double t_together = NAN;  // the parts side by side, unlinked (AG+GEMM only; NAN: not measured)
 };
 
 void print_table(const std::vector<BenchRow>& rows) {
-  std::printf("\n| op | transport | world | M | N | K | baseline | baseline ms | T_comm ms | T_gemm ms | ideal ms | fused ms | speedup | overlap eff. | fused TFLOP/s | auto path | auto ms |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  // "together": both parts launched as the fused call launches them, the GEMM not waiting for the
+  // comm: what their contention alone costs (fused minus together is what the waits cost).
+  std::printf(
+      "\n| op | transport | world | M | N | K | baseline | baseline ms | T_comm ms | T_gemm ms | "
+      "ideal ms | together ms | fused ms | speedup | overlap eff. | fused TFLOP/s | auto path | "
+      "auto ms |\n");
+  std::printf(
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+      "--- | --- | --- |\n");
   for (const BenchRow& r : rows) {
     if (std::isnan(r.t_fused)) {  // --baseline-only
-      std::printf("| %s | %s | %d | %lld | %lld | %lld | %s | %.3f | - | - | - | - | - | - | - | - | - |\n", r.op,
-                  r.transport.c_str(), r.world, static_cast<long long>(r.p.m), static_cast<long long>(r.p.n),
-                  static_cast<long long>(r.p.k), r.baseline.c_str(), r.t_base);
+      std::printf(
+          "| %s | %s | %d | %lld | %lld | %lld | %s | %.3f | - | - | - | - | - | - | - | - | - | - "
+          "|\n",
+          r.op, r.transport.c_str(), r.world, static_cast<long long>(r.p.m),
+          static_cast<long long>(r.p.n), static_cast<long long>(r.p.k), r.baseline.c_str(),
+          r.t_base);
       continue;
     }
     const double ideal = std::max(r.t_gemm, r.t_comm);
@@ -193,10 +209,15 @@ void print_table(const std::vector<BenchRow>& rows) {
     char eff[32] = "-";
     if (r.t_base - ideal > 0.02 * r.t_base)
       std::snprintf(eff, sizeof(eff), "%.0f%%", 100.0 * (r.t_base - r.t_fused) / (r.t_base - ideal));
-    std::printf("| %s | %s | %d | %lld | %lld | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %s | %.0f | %s | %.3f |\n",
-                r.op, r.transport.c_str(), r.world, static_cast<long long>(r.p.m), static_cast<long long>(r.p.n),
-                static_cast<long long>(r.p.k), r.baseline.c_str(), r.t_base, r.t_comm, r.t_gemm, ideal, r.t_fused,
-                r.t_base / r.t_fused, eff, flops / (r.t_fused * 1e9), op_path_name(r.chosen), t_auto);
+    char together[32] = "-";
+    if (!std::isnan(r.t_together)) std::snprintf(together, sizeof(together), "%.3f", r.t_together);
+    std::printf(
+        "| %s | %s | %d | %lld | %lld | %lld | %s | %.3f | %.3f | %.3f | %.3f | %s | %.3f | %.2fx "
+        "| %s | %.0f | %s | %.3f |\n",
+        r.op, r.transport.c_str(), r.world, static_cast<long long>(r.p.m),
+        static_cast<long long>(r.p.n), static_cast<long long>(r.p.k), r.baseline.c_str(), r.t_base,
+        r.t_comm, r.t_gemm, ideal, together, r.t_fused, r.t_base / r.t_fused, eff,
+        flops / (r.t_fused * 1e9), op_path_name(r.chosen), t_auto);
   }
   std::fflush(stdout);
 }
@@ -245,12 +266,14 @@ struct TimedPart {
 // The rest of one shape, the same for both ops: the check's verdict, the path choice, and (bench)
 // one row: the baseline, the two parts alone in the order given (`comm` is the index of the
 // communication part; the other is the GEMM alone, also the world-1 overhead's bare engine), the
-// fused op. False when the check fails.
+// fused op, and (where given, world > 1) `together`: the fused call with its GEMM not waiting.
+// False when the check fails.
 template <class Op>
-bool finish_shape(tlc::World& world, const char* name, const OpProblem& p, Op& op, const std::string& baseline,
-                  bool ok, bool bench, int warmup, int iters, std::vector<BenchRow>* rows,
-                  const std::function<void()>& unfused, const TimedPart (&parts)[2], int comm,
-                  const std::function<void()>& fused) {
+bool finish_shape(tlc::World& world, const char* name, const OpProblem& p, Op& op,
+                  const std::string& baseline, bool ok, bool bench, int warmup, int iters,
+                  std::vector<BenchRow>* rows, const std::function<void()>& unfused,
+                  const TimedPart (&parts)[2], int comm, const std::function<void()>& fused,
+                  const std::function<void()>& together = {}) {
   const PathChoice choice = op.choose(p.path);
   if (printer(world)) {
     std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path), choice.why.c_str());
@@ -271,14 +294,20 @@ bool finish_shape(tlc::World& world, const char* name, const OpProblem& p, Op& o
   for (int i = 0; i < 2; ++i)
     t_part[i] = time_per_call_ms(world, (n + "(" + parts[i].label + ")").c_str(), warmup, iters, parts[i].enqueue);
   const double t_fused = time_per_call_ms(world, name, warmup, iters, fused);
+  const double t_together =
+      together && world.size() > 1
+          ? time_per_call_ms(world, (n + "(together)").c_str(), warmup, iters, together)
+          : NAN;
   print_world1_overhead(world, name, iters, parts[1 - comm].enqueue, fused);
   if (printer(world)) {
-    std::printf("  bench: baseline %.3f ms, %s %.3f ms, %s %.3f ms, fused %.3f ms\n", t_base, parts[0].label,
-                t_part[0], parts[1].label, t_part[1], t_fused);
+    std::printf("  bench: baseline %.3f ms, %s %.3f ms, %s %.3f ms, fused %.3f ms", t_base,
+                parts[0].label, t_part[0], parts[1].label, t_part[1], t_fused);
+    if (!std::isnan(t_together)) std::printf(", together (unlinked) %.3f ms", t_together);
+    std::printf("\n");
     std::fflush(stdout);
   }
-  rows->push_back({name, tlc::transport_name(world.transport()), baseline, world.size(), p, t_base, t_part[comm],
-                   t_part[1 - comm], t_fused, choice.path});
+  rows->push_back({name, tlc::transport_name(world.transport()), baseline, world.size(), p, t_base,
+                   t_part[comm], t_part[1 - comm], t_fused, choice.path, t_together});
   return true;
 }
 
@@ -367,10 +396,12 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
                 cfg.comm_tile_rows, p.comm_tile_auto ? " (auto)" : "", baseline.c_str());
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
-  return finish_shape(world, "ag_gemm", p, op, baseline, ok, bench, warmup, iters, rows,
-                      [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); },
-                      {{"comm", [&] { op.run_comm_only(buf.a); }}, {"gemm", [&] { op.run_gemm_only(buf.a, buf.b, buf.c); }}},
-                      0, [&] { op.run(buf.a, buf.b, buf.c); });
+  return finish_shape(
+      world, "ag_gemm", p, op, baseline, ok, bench, warmup, iters, rows,
+      [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); },
+      {{"comm", [&] { op.run_comm_only(buf.a); }},
+       {"gemm", [&] { op.run_gemm_only(buf.a, buf.b, buf.c); }}},
+      0, [&] { op.run(buf.a, buf.b, buf.c); }, [&] { op.run_unlinked(buf.a, buf.b, buf.c); });
 }
 
 // One GEMM+RS shape on `world`: check, then (bench) time. False when the check fails.

@@ -82,6 +82,12 @@ class AgGemm {
   void run_comm_only(const std::vector<const void*>& a);
   void run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b,
                      const std::vector<void*>& c);
+  // The fused call's launches, streams and comm program, but the GEMM's waits pass at once: the two
+  // parts run side by side without the dependency between them (their contention for the GPU, not
+  // the waits). For the bench's "together" bound only: the GEMM may read rows of the previous call,
+  // so C is not the product. Eager only.
+  void run_unlinked(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                    const std::vector<void*>& c);
 
   const void* gathered(int rank) const;
   // SMs the GEMM of `rank` runs on, and the comm program's SMs (0: the copy engine). Both follow
@@ -105,7 +111,12 @@ class AgGemm {
   void enqueue_comm(int r, const void* a, CommPart part);
   bool local_before_gemm() const;
   bool own_direct(int r) const;  // push on separate GPUs, own segment on tile rows
-  void enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c, bool hooks);
+  // hooks: the engine with the wait hooks; linked: they wait for this call's epoch (else they
+  // pass).
+  void enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c,
+                    bool hooks, bool linked = true);
+  void run_call(const std::vector<const void*>& a, const std::vector<const void*>& b,
+                const std::vector<void*>& c, bool linked);
 
   World& world_;
   std::vector<AgGemmPlan> plans_;

@@ -1,7 +1,9 @@
-// SignalHooks: the reference Hooks type for the sm90 GEMM engine. It waits (bounded acquire spin) for
-// a per-tile 64-bit signal to reach `epoch` before the tile's loads, and release-stores `epoch` into a
-// per-tile notify signal after the tile is stored. Used by `tilelink bench gemm` (hooks-on row, all
-// signals already set) and tests/gpu/test_gemm.cu; fused ops write their own, with their plan's slots.
+// SignalHooks: the reference Hooks type for the sm90 GEMM engine. It waits (bounded acquire spin)
+// for a per-tile 64-bit signal to reach `epoch` before the tile's loads, and release-stores `epoch`
+// into a per-tile notify signal after the tile is stored. Used by `tilelink bench gemm` (hooks-on
+// row, all signals already set) and tests/gpu/test_gemm.cu; fused ops write their own, with their
+// plan's slots. Waits / Notifies switch a side off at compile time (the engine then has none of its
+// machinery), as the fused ops' hooks do: AG+GEMM's only wait, GEMM+RS's only notify.
 #pragma once
 
 #include <cuda/atomic>
@@ -22,10 +24,11 @@ struct WaitTimeout {
 // NOTE: a hook must make no function call (no printf, nothing non-inlined): ptxas then serializes
 // every wgmma of the kernel (warning C7510), about 7% slower. So a timeout is reported through
 // `timeout` (if set) and a trap, not printf.
-template <cuda::thread_scope Scope = cuda::thread_scope_device>
+template <cuda::thread_scope Scope = cuda::thread_scope_device, bool Waits = true,
+          bool Notifies = true>
 struct SignalHooks {
-  static constexpr bool kWaits = true;
-  static constexpr bool kNotifies = true;
+  static constexpr bool kWaits = Waits;
+  static constexpr bool kNotifies = Notifies;
   static constexpr long long kMaxPolls = 1ll << 26;  // ~seconds with the backoff below
 
   uint64_t* wait_signals = nullptr;    // [tiles_m * tiles_n], row-major by tile; nullptr: no wait
