@@ -335,13 +335,20 @@ int bench_gemm(Args& args) {
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
           p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas);
-    else
+    else {
+      auto err = [](double e) {  // "-": not checked (--no-verify, or no hooks for this type)
+        char buf[16] = "-";
+        if (e >= 0) std::snprintf(buf, sizeof(buf), "%.2e", e);
+        return std::string(buf);
+      };
       std::printf(
           "%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f | "
-          "%+6.2f %+6.2f | %8.2e %8.2e %8.2e\n",
+          "%+6.2f %+6.2f | %8s %8s %8s\n",
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
-          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas);
+          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err(err_eng).c_str(),
+          err(err_hooks).c_str(), err(err_blas).c_str());
+    }
     std::fflush(stdout);
     CK(cudaFree(a));
     CK(cudaFree(b));

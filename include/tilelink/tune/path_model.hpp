@@ -53,7 +53,10 @@ struct MachineModel {
   double comm_tile_us = 25;
   // AG+GEMM reading the own rows from A_r (see above). Measured on two H200s (peer and ipc, world
   // 2, session 5): fused - T_gemm = 51-83 us at 32 MiB (T_comm 134 us here), 48-145 us at 64 MiB
-  // (268 us): 0.18-0.62 of T_comm.
+  // (268 us): 0.18-0.62 of T_comm. It is not the waits: the same launches with the GEMM not
+  // waiting (`bench ag_gemm`'s "together") take as long. It is power: both H200s run at their
+  // 700 W cap (throttle reason SW power cap) with the GEMM alone (SM clock ~1500 MHz), and the
+  // copy engines' NVLink and HBM traffic beside it take the clock down to ~1440 (session 10).
   bool own_rows_direct = false;
   double direct_exposed = 0.6;
   // GEMM+RS, pull: the reduce (the warp reduce of ops/cuda/rs_comm.cu) sums `reduce_sm_gbps` of
