@@ -24,11 +24,19 @@
 // rs-type kernels' in 1 each (so those two start ~0.5 us behind the plain engine): --warm-code
 // gives every variant the same warm code, the default gives every variant the same shuffled
 // neighbours.
+// --sustained-ms T: afterwards, per shape, each of engine / cuBLAS / hooks launched back to back for
+// ~T ms (no flush: L2 warm, as in a training loop), 7 rounds in a rotating order, the median per
+// launch: the rate under the board's power cap (the H200 holds a GEMM at 700 W by lowering the SM
+// clock: bench/notes/fused_ops_cuda.md, session 10), where energy per FLOP decides, not latency.
+// TILELINK_CLI_TRACE=1 prints each batch's wall-clock span on stderr (to match clock samples).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <cstdio>
 #include <sstream>
@@ -83,6 +91,10 @@ cudaDataType_t cuda_type(DType t) {
   return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+double wall_seconds() {  // Unix time
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
@@ -131,6 +143,8 @@ int bench_gemm(Args& args) {
   const bool csv = args.flag("--csv");
   const bool hot_signals = args.flag("--hot-signals");
   const bool warm_code = args.flag("--warm-code");
+  const double sustained_ms = args.get_double("--sustained-ms", 0);
+  const bool trace_batches = std::getenv("TILELINK_CLI_TRACE") != nullptr;
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
@@ -173,7 +187,7 @@ int bench_gemm(Args& args) {
                 "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
                 "notif+%", "ag+%", "rs+%", "err_eng", "err_hook", "err_blas");
 
-  std::vector<double> ratios, overheads, aa_abs, ag_overheads, rs_overheads;
+  std::vector<double> ratios, overheads, aa_abs, ag_overheads, rs_overheads, sustained_ratios;
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
@@ -271,6 +285,17 @@ int bench_gemm(Args& args) {
       kVariants
     };
     const int variants = hooks_on ? kVariants : kCublas + 1;
+    auto run_variant = [&](int v) {
+      switch (v) {
+        case kEngine: case kEngine2: run_engine(); break;
+        case kCublas: run_cublas(); break;
+        case kHooks: run_hooks(); break;
+        case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
+        case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
+        case kAgType: gemm_with_hooks(ga, ag_type, stream); break;
+        case kRsType: gemm_with_hooks(ga, rs_type, stream); break;
+      }
+    };
     std::vector<std::vector<float>> t(kVariants);
     std::vector<int> order(variants);
     for (int i = 0; i < variants; ++i) order[i] = i;
@@ -279,21 +304,7 @@ int bench_gemm(Args& args) {
       std::shuffle(order.begin(), order.end(), shuffle_rng);
       for (int i = 0; i < variants; ++i) {
         const int v = order[i];
-        auto launch = [&] {
-          switch (v) {
-            case kEngine: case kEngine2: run_engine(); break;
-            case kCublas: run_cublas(); break;
-            case kHooks: run_hooks(); break;
-            case kWaitOnly: gemm_with_hooks(ga, wait_only, stream); break;
-            case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
-            case kAgType:
-              gemm_with_hooks(ga, ag_type, stream);
-              break;
-            case kRsType:
-              gemm_with_hooks(ga, rs_type, stream);
-              break;
-          }
-        };
+        auto launch = [&] { run_variant(v); };
         if (warm_code) launch();
         CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
         if (hot_signals) {
@@ -350,6 +361,51 @@ int bench_gemm(Args& args) {
           err(err_hooks).c_str(), err(err_blas).c_str());
     }
     std::fflush(stdout);
+
+    // ---- sustained: back-to-back launches, no flush, rounds in a rotating order ----
+    if (sustained_ms > 0) {
+      const int per_batch = std::clamp(static_cast<int>(sustained_ms / median(pooled)), 3, 100000);
+      // Every variant of the table (the engine twice: E' over E is the method's noise, A/A).
+      std::vector<std::vector<float>> ts(kVariants);
+      constexpr int kRounds = 7;
+      for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up, untimed
+        for (int i = 0; i < variants; ++i) {
+          const int v = (i + round + 1) % variants;
+          const double wall0 = wall_seconds();
+          CK(cudaEventRecord(ev[0], stream));
+          for (int l = 0; l < per_batch; ++l) run_variant(v);
+          CK(cudaEventRecord(ev[1], stream));
+          CK(cudaEventSynchronize(ev[1]));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+          if (round >= 0) ts[v].push_back(ms / per_batch);
+          if (trace_batches)  // to line up with e.g. nvidia-smi's clock samples
+            std::fprintf(stderr, "[batch %lldx%lldx%lld variant %d round %d] %.3f %.3f\n", (long long)m,
+                         (long long)n, (long long)k, v, round, wall0, wall_seconds());
+        }
+      }
+      std::vector<float> both = ts[kEngine];
+      both.insert(both.end(), ts[kEngine2].begin(), ts[kEngine2].end());
+      const double s_eng = flop / (median(both) * 1e-3) / 1e12;
+      const double s_blas = flop / (median(ts[kCublas]) * 1e-3) / 1e12;
+      sustained_ratios.push_back(s_eng / s_blas);
+      // Paired per round, as above: each hooks variant over the round's mean of E and E'.
+      std::vector<double> round_base(ts[kEngine].size()), round_e(ts[kEngine].begin(), ts[kEngine].end());
+      for (size_t r = 0; r < round_base.size(); ++r) round_base[r] = 0.5 * (ts[kEngine][r] + ts[kEngine2][r]);
+      const Paired s_aa = paired(ts[kEngine2], round_e);
+      std::printf("%6s %6s %6s   sustained (%d back to back x %d rounds): engine %.1f, cuBLAS %.1f TFLOP/s, "
+                  "ratio %.3f, A/A %+.2f%% (+-%.2f)",
+                  "", "", "", per_batch, kRounds, s_eng, s_blas, s_eng / s_blas, s_aa.median_pct, s_aa.half_iqr_pct);
+      if (hooks_on) {
+        const Paired h = paired(ts[kHooks], round_base);
+        std::printf("; hooks+%% %+.2f (+-%.2f), wait+%% %+.2f, notif+%% %+.2f, ag+%% %+.2f, rs+%% %+.2f",
+                    h.median_pct, h.half_iqr_pct, paired(ts[kWaitOnly], round_base).median_pct,
+                    paired(ts[kNotifyOnly], round_base).median_pct, paired(ts[kAgType], round_base).median_pct,
+                    paired(ts[kRsType], round_base).median_pct);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
     CK(cudaFree(a));
     CK(cudaFree(b));
     CK(cudaFree(c));
@@ -372,6 +428,11 @@ int bench_gemm(Args& args) {
   med_max("GEMM+RS-type notifies", rs_overheads);
   if (!aa_abs.empty())
     std::printf("; |A/A| max %.2f%%", *std::max_element(aa_abs.begin(), aa_abs.end()));
+  if (!sustained_ratios.empty()) {
+    std::sort(sustained_ratios.begin(), sustained_ratios.end());
+    std::printf("; sustained ratio to cuBLAS: median %.3f, min %.3f", sustained_ratios[sustained_ratios.size() / 2],
+                sustained_ratios.front());
+  }
   std::printf("; verification %s\n", verify ? (all_ok ? "PASSED" : "FAILED") : "skipped");
   CK(cudaFree(ws));
   CK(cudaFree(flush));
@@ -386,7 +447,7 @@ int bench_gemm(Args& args) {
 
 TILELINK_REGISTER_COMMAND({"bench gemm",
                            "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
-                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] [--no-verify] "
+                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] [--sustained-ms T] [--no-verify] "
                            "[--csv]",
                            "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
                            "against a float32 reference",
