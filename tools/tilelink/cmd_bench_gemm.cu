@@ -146,9 +146,10 @@ int bench_gemm(Args& args) {
   const double sustained_ms = args.get_double("--sustained-ms", 0);
   const bool trace_batches = std::getenv("TILELINK_CLI_TRACE") != nullptr;
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
+  const bool plain = args.flag("--plain");  // the engine and cuBLAS only (quick engine sweeps)
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
-  const bool hooks_on = in == DType::kBF16 && out == DType::kBF16;
+  const bool hooks_on = in == DType::kBF16 && out == DType::kBF16 && !plain;
 
   int dev = 0, l2 = 0, sms = 0;
   CK(cudaGetDevice(&dev));
@@ -447,11 +448,11 @@ int bench_gemm(Args& args) {
 
 TILELINK_REGISTER_COMMAND({"bench gemm",
                            "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
-                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] [--sustained-ms T] [--no-verify] "
+                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] [--sustained-ms T] [--plain] [--no-verify] "
                            "[--csv]",
                            "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
                            "against a float32 reference",
                            &bench_gemm,
-                           {"--no-verify", "--csv", "--hot-signals", "--warm-code"}});
+                           {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain"}});
 
 }  // namespace tilelink::cli
