@@ -24,10 +24,11 @@
 // rs-type kernels' in 1 each (so those two start ~0.5 us behind the plain engine): --warm-code
 // gives every variant the same warm code, the default gives every variant the same shuffled
 // neighbours.
-// --sustained-ms T: afterwards, per shape, each of engine / cuBLAS / hooks launched back to back for
-// ~T ms (no flush: L2 warm, as in a training loop), 7 rounds in a rotating order, the median per
-// launch: the rate under the board's power cap (the H200 holds a GEMM at 700 W by lowering the SM
-// clock: bench/notes/fused_ops_cuda.md, session 10), where energy per FLOP decides, not latency.
+// --sustained-ms T: afterwards, per shape, each variant launched back to back for ~T ms (no flush:
+// L2 warm, as in a training loop), 7 rounds in a rotating order after an untimed one, paired per
+// round like the table, with the engine's A/A: the rate under the board's power cap (the H200
+// holds a GEMM at 700 W by lowering the SM clock: bench/notes/fused_ops_cuda.md, session 10),
+// where energy per FLOP decides, not latency.
 // TILELINK_CLI_TRACE=1 prints each batch's wall-clock span on stderr (to match clock samples).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -353,12 +354,24 @@ int bench_gemm(Args& args) {
         if (e >= 0) std::snprintf(buf, sizeof(buf), "%.2e", e);
         return std::string(buf);
       };
+      // The hooks' columns: "-" where no hooks ran (--plain, or not bf16 -> bf16).
+      auto hk = [&](double v, int width, bool rate = false) {
+        char buf[24];
+        if (!hooks_on)
+          std::snprintf(buf, sizeof(buf), "%*s", width, "-");
+        else if (rate)
+          std::snprintf(buf, sizeof(buf), "%*.1f", width, v);
+        else
+          std::snprintf(buf, sizeof(buf), "%+*.2f", width, v);
+        return std::string(buf);
+      };
       std::printf(
-          "%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %7.1f %+7.2f %+5.2f(%4.2f) %+7.2f %+7.2f | "
-          "%+6.2f %+6.2f | %8s %8s %8s\n",
-          (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
-          p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
-          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err(err_eng).c_str(),
+          "%6lld %6lld %6lld | %7.1f %7.1f %6.3f | %s %s %+5.2f(%4.2f) %s %s | %s %s | %8s %8s "
+          "%8s\n",
+          (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio,
+          hk(tf_hooks, 7, true).c_str(), hk(p_hooks.median_pct, 7).c_str(), p_aa.median_pct,
+          p_aa.half_iqr_pct, hk(p_wait.median_pct, 7).c_str(), hk(p_notify.median_pct, 7).c_str(),
+          hk(p_ag.median_pct, 6).c_str(), hk(p_rs.median_pct, 6).c_str(), err(err_eng).c_str(),
           err(err_hooks).c_str(), err(err_blas).c_str());
     }
     std::fflush(stdout);
