@@ -239,9 +239,9 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
   const AgGemmPlan& p = plans_[r];
   compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
   if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
-  AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r),
-                       p.ws.tile_ready,          p.comm,
-                       p.gemm.tiles_n(),         linked ? epochs_->epoch(r, 1) : Epoch{0}};
+  const Epoch epoch = linked ? epochs_->epoch(r, 1) : Epoch{0};  // epoch 0: every wait passes
+  AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
+                       p.gemm.tiles_n(), epoch};
   if (!own_direct(r)) return detail::launch_engine(args, wait, lanes_->gemm_stream(r));
   args.a_alt = a_own;
   args.a_alt_row0 = p.comm.parts.begin(r);

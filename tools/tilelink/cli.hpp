@@ -3,12 +3,18 @@
 // TILELINK_REGISTER_COMMAND; main.cpp dispatches on the longest matching command path.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace tilelink::cli {
+
+// Wall-clock time in Unix seconds (the benches' traces, to line up with e.g. nvidia-smi's samples).
+inline double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // Options are `--name value`, `-x value` or bare flags (`--name`). Everything is read through get*();
 // finish() then refuses any option that no getter asked for, so typos fail loudly.

@@ -34,12 +34,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
-#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -92,10 +91,6 @@ cudaDataType_t cuda_type(DType t) {
   return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-double wall_seconds() {  // Unix time
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
@@ -114,6 +109,19 @@ __global__ void set_signals(uint64_t* sig, int64_t n, uint64_t epoch) {
 template <class Hooks>
 void gemm_with_hooks(const sm90::GemmArgs& args, const Hooks& hooks, cudaStream_t s) {
   sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, s);
+}
+
+// The plain engine's reference, from its two launches a rep (E, E'): both pooled (its rate), their
+// mean per rep (the base of the hooks' paired ratios) and E alone (the base of the A/A).
+struct EngineBase {
+  std::vector<float> pooled;
+  std::vector<double> mean, first;
+};
+EngineBase engine_base(const std::vector<float>& e, const std::vector<float>& e2) {
+  EngineBase b{e, std::vector<double>(e.size()), std::vector<double>(e.begin(), e.end())};
+  b.pooled.insert(b.pooled.end(), e2.begin(), e2.end());
+  for (size_t r = 0; r < e.size(); ++r) b.mean[r] = 0.5 * (e[r] + e2[r]);
+  return b;
 }
 
 // Paired statistics: the median over reps of x[r] / y[r] - 1, in percent, and half the spread
@@ -322,17 +330,14 @@ int bench_gemm(Args& args) {
         if (r >= warmup) t[v].push_back(ms);
       }
     }
-    std::vector<double> base(t[kEngine].size());  // the rep's plain-engine time: mean of E and E'
-    std::vector<float> pooled = t[kEngine];
-    pooled.insert(pooled.end(), t[kEngine2].begin(), t[kEngine2].end());
-    for (size_t r = 0; r < base.size(); ++r) base[r] = 0.5 * (t[kEngine][r] + t[kEngine2][r]);
-    const std::vector<double> base_e(t[kEngine].begin(), t[kEngine].end());
+    const EngineBase eb = engine_base(t[kEngine], t[kEngine2]);
+    const std::vector<double>& base = eb.mean;
     const double flop = 2.0 * m * n * k;
-    const double tf_eng = flop / (median(pooled) * 1e-3) / 1e12;
+    const double tf_eng = flop / (median(eb.pooled) * 1e-3) / 1e12;
     const double tf_blas = flop / (median(t[kCublas]) * 1e-3) / 1e12;
     const double tf_hooks = hooks_on ? flop / (median(t[kHooks]) * 1e-3) / 1e12 : 0;
     const double ratio = tf_eng / tf_blas;
-    const Paired p_hooks = paired(t[kHooks], base), p_aa = paired(t[kEngine2], base_e),
+    const Paired p_hooks = paired(t[kHooks], base), p_aa = paired(t[kEngine2], eb.first),
                  p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base),
                  p_ag = paired(t[kAgType], base), p_rs = paired(t[kRsType], base);
     ratios.push_back(ratio);
@@ -378,14 +383,15 @@ int bench_gemm(Args& args) {
 
     // ---- sustained: back-to-back launches, no flush, rounds in a rotating order ----
     if (sustained_ms > 0) {
-      const int per_batch = std::clamp(static_cast<int>(sustained_ms / median(pooled)), 3, 100000);
+      const int per_batch =
+          std::clamp(static_cast<int>(sustained_ms / median(eb.pooled)), 3, 100000);
       // Every variant of the table (the engine twice: E' over E is the method's noise, A/A).
       std::vector<std::vector<float>> ts(kVariants);
       constexpr int kRounds = 7;
       for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up, untimed
         for (int i = 0; i < variants; ++i) {
           const int v = (i + round + 1) % variants;
-          const double wall0 = wall_seconds();
+          const double wall0 = unix_seconds();
           CK(cudaEventRecord(ev[0], stream));
           for (int l = 0; l < per_batch; ++l) run_variant(v);
           CK(cudaEventRecord(ev[1], stream));
@@ -394,19 +400,17 @@ int bench_gemm(Args& args) {
           CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
           if (round >= 0) ts[v].push_back(ms / per_batch);
           if (trace_batches)  // to line up with e.g. nvidia-smi's clock samples
-            std::fprintf(stderr, "[batch %lldx%lldx%lld variant %d round %d] %.3f %.3f\n", (long long)m,
-                         (long long)n, (long long)k, v, round, wall0, wall_seconds());
+            std::fprintf(stderr, "[batch %lldx%lldx%lld variant %d round %d] %.3f %.3f\n",
+                         (long long)m, (long long)n, (long long)k, v, round, wall0, unix_seconds());
         }
       }
-      std::vector<float> both = ts[kEngine];
-      both.insert(both.end(), ts[kEngine2].begin(), ts[kEngine2].end());
-      const double s_eng = flop / (median(both) * 1e-3) / 1e12;
+      const EngineBase sb = engine_base(ts[kEngine], ts[kEngine2]);
+      const std::vector<double>& round_base = sb.mean;
+      const double s_eng = flop / (median(sb.pooled) * 1e-3) / 1e12;
       const double s_blas = flop / (median(ts[kCublas]) * 1e-3) / 1e12;
       sustained_ratios.push_back(s_eng / s_blas);
       // Paired per round, as above: each hooks variant over the round's mean of E and E'.
-      std::vector<double> round_base(ts[kEngine].size()), round_e(ts[kEngine].begin(), ts[kEngine].end());
-      for (size_t r = 0; r < round_base.size(); ++r) round_base[r] = 0.5 * (ts[kEngine][r] + ts[kEngine2][r]);
-      const Paired s_aa = paired(ts[kEngine2], round_e);
+      const Paired s_aa = paired(ts[kEngine2], sb.first);
       std::printf("%6s %6s %6s   sustained (%d back to back x %d rounds): engine %.1f, cuBLAS %.1f TFLOP/s, "
                   "ratio %.3f, A/A %+.2f%% (+-%.2f)",
                   "", "", "", per_batch, kRounds, s_eng, s_blas, s_eng / s_blas, s_aa.median_pct, s_aa.half_iqr_pct);

@@ -119,9 +119,8 @@ bool all_ranks(const tlc::World& world, bool ok) { return max_over_ranks(world, 
 void trace(const tlc::World& world, const char* step) {
   static const bool on = std::getenv("TILELINK_CLI_TRACE") != nullptr;
   if (!on) return;
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::fprintf(stderr, "[trace rank %d %.3f] %s\n", world.local_ranks().front(), now, step);
+  std::fprintf(stderr, "[trace rank %d %.3f] %s\n", world.local_ranks().front(), unix_seconds(),
+               step);
   std::fflush(stderr);
 }
 
