@@ -1,13 +1,16 @@
-// Hopper (sm_90a) GEMM tile engine: C[M, N] (+)= A[M, K] * B[N, K]^T, the compute half of every fused op.
+// Hopper (sm_90a) GEMM tile engine: C[M, N] (+)= A[M, K] * B[N, K]^T, the compute half of every
+// fused op.
 //
 // The engine is a persistent, warp-specialized kernel: one producer warp issues TMA loads into a
-// multi-stage shared-memory pipeline, two consumer warpgroups run wgmma on a 128x256 output tile with
-// fp32 accumulators and store the tile through per-warp shared-memory staging (16-byte row stores). The grid walks the output tiles in a
-// core TileOrder (start_m rotation, group_m grouping, row bands), every block taking every num_blocks-th tile.
+// multi-stage shared-memory pipeline, two consumer warpgroups run wgmma on a 128x256 output tile
+// with fp32 accumulators and store the tile through per-warp shared-memory staging (16-byte row
+// stores). The grid walks the output tiles in a core TileOrder (start_m rotation, group_m grouping,
+// row bands), every block taking every num_blocks-th tile.
 //
-// Layouts: A is [M, K] row-major (row stride lda), B is [N, K] row-major (nn.Linear weight, row stride
-// ldb), C is [M, N] row-major (row stride ldc). Inputs bf16 or fp16 (both the same), output bf16, fp16
-// or fp32. Any M >= 0; N and K multiples of 8 (16-byte TMA rows); edges of every tile are clipped.
+// Layouts: A is [M, K] row-major (row stride lda), B is [N, K] row-major (nn.Linear weight, row
+// stride ldb), C is [M, N] row-major (row stride ldc). Inputs bf16 or fp16 (both the same), output
+// bf16, fp16 or fp32. Any M >= 0; N and K multiples of 8 (16-byte TMA rows); edges of every tile
+// are clipped.
 //
 // Hooks (the link to the communication side; a template parameter of the kernel, see
 // impl/gemm_kernel.cuh to instantiate the engine with your own type):
@@ -15,19 +18,20 @@
 //   struct MyHooks {
 //     static constexpr bool kWaits = true;     // false: before_tile_loads is never called
 //     static constexpr bool kNotifies = true;  // false: after_tile_stored is never called
-//     __device__ void before_tile_loads(TileCoord tile, Rect region);  // needed with kWaits only
-//     __device__ void after_tile_stored(TileCoord tile, Rect region);  // needed with kNotifies only
+//     __device__ void before_tile_loads(TileCoord tile, Rect region);  // with kWaits only
+//     __device__ void after_tile_stored(TileCoord tile, Rect region);  // with kNotifies only
 //   };
 //
-//   before_tile_loads: called by all 32 lanes of the load warp (converged) before the first TMA load
-//     of that output tile; it must return in every lane once the tile's inputs may be read (typically
-//     a bounded acquire spin on the tile's signal slots, at gpu or sys scope). The engine follows it
-//     with __syncwarp() and `fence.proxy.async.global`, so no TMA load is hoisted above the wait.
+//   before_tile_loads: called by all 32 lanes of the load warp (converged) before the first TMA
+//     load of that output tile; it must return in every lane once the tile's inputs may be read
+//     (typically a bounded acquire spin on the tile's signal slots, at gpu or sys scope). The
+//     engine follows it with __syncwarp() and `fence.proxy.async.global`, so no TMA load is hoisted
+//     above the wait.
 //   after_tile_stored: called once per tile by one thread (lane 0 of a dedicated notify warp) after
 //     every epilogue store or reduction of that tile by every consumer thread is ordered before it
-//     (__syncwarp, then one mbarrier arrive [release.cta] per consumer warp -> wait [acquire.cta]);
-//     a release store at gpu/sys scope made by
-//     the hook therefore publishes the whole tile. It runs off the consumers' critical path.
+//     (each consumer thread's mbarrier arrive [release.cta] -> the notify warp's wait
+//     [acquire.cta]); a release store at gpu/sys scope made by the hook therefore publishes the
+//     whole tile. It runs off the consumers' critical path.
 //   Hooks must make no function call (printf, non-inlined code): ptxas then serializes every wgmma
 //   of the kernel (warning C7510, measured ~7% slower); report timeouts through memory and trap.
 //   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.

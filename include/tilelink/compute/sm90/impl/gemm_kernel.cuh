@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   if constexpr (Hooks::kNotifies) {
     if (warp_idx == 1 && cute::elect_one_sync()) {
       for (int s = 0; s < TileStoredRing::kSlots; ++s) {
-        Barrier::init(&shared.stored.full[s], Cfg::kNumMmaWarps);  // one arrive per consumer warp
+        Barrier::init(&shared.stored.full[s], Cfg::kNumMmaThreads);  // an arrive per consumer
         Barrier::init(&shared.stored.empty[s], 1);
       }
       cutlass::arch::fence_barrier_init();
@@ -294,10 +294,6 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       read_state.advance(k_tiles);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
-      const int slot = j % TileStoredRing::kSlots;
-      if constexpr (Hooks::kNotifies) {
-        Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
-      }
       if (p.staged_store) {
         store_tile_staged<typename Cfg::ElementOut>(p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
                                                     shared.epilogue_stage[mma_thread_idx / 32]);
@@ -307,10 +303,14 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if (j + 1 == walk.num_local() && thread_idx == 128) TL_GEMM_MARK(6);
       if (j + 1 == walk.num_local() && cutlass::canonical_lane_idx() == 0) TL_GEMM_MARK_MAX(13);
       if constexpr (Hooks::kNotifies) {
-        // NOTE: __syncwarp orders every lane's stores before lane 0's mbarrier.arrive, which has
-        // release.cta semantics (cumulative); one arrive per warp, not 256 on one barrier.
-        __syncwarp();
-        if (cutlass::canonical_lane_idx() == 0) Barrier::arrive(&shared.stored.full[slot]);
+        // NOTE: every thread arrives (release.cta: its own stores before it; the arrives of a warp
+        // are aggregated), after waiting for the slot to be free. Before, lane 0 arrived for its
+        // warp after a __syncwarp and the slot wait came before the epilogue: the same time, but
+        // the __syncwarp's convergence region put the staged epilogue ~32 KB away from the mainloop
+        // (bench/notes/gemm.md, session 11).
+        const int slot = j % TileStoredRing::kSlots;
+        Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
+        Barrier::arrive(&shared.stored.full[slot]);
       }
     }
   }
