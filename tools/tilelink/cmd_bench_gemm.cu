@@ -6,7 +6,9 @@
 // --reps after --warmup.
 // Hooks overhead: paired per rep, hooks time over the mean of the rep's two plain-engine launches
 // (E and E'), median over reps. A/A: E' over E the same way: the noise floor of that comparison,
-// with half its interquartile spread. Columns that split the hooks' cost (bf16 -> bf16):
+// with half its interquartile spread. The summary line also gives the hooks' overhead as time (the
+// paired median difference, us a launch: it is a fixed cost, so its share grows as launches get
+// short). Columns that split the hooks' cost (bf16 -> bf16):
 //   hooks+%   SignalHooks: acquire of a per-tile signal already set, release store of a per-tile
 //             notify signal
 //   wait+%    waits only (no notify stores; the engine's consumer -> notify-warp handoff remains)
@@ -129,6 +131,14 @@ EngineBase engine_base(const std::vector<float>& e, const std::vector<float>& e2
 struct Paired {
   double median_pct = 0, half_iqr_pct = 0;
 };
+// The median over reps of x[r] - y[r] (ms), in us: an overhead as time a launch, not a share of it.
+double paired_us(const std::vector<float>& x, const std::vector<double>& y) {
+  std::vector<double> d;
+  for (size_t r = 0; r < x.size() && r < y.size(); ++r) d.push_back(1e3 * (x[r] - y[r]));
+  if (d.empty()) return 0;
+  std::sort(d.begin(), d.end());
+  return d.size() % 2 ? d[d.size() / 2] : 0.5 * (d[d.size() / 2 - 1] + d[d.size() / 2]);
+}
 Paired paired(const std::vector<float>& x, const std::vector<double>& y) {
   std::vector<double> q;
   for (size_t r = 0; r < x.size() && r < y.size(); ++r) q.push_back(100.0 * (x[r] / y[r] - 1.0));
@@ -191,13 +201,15 @@ int bench_gemm(Args& args) {
   if (csv)
     std::printf(
         "m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
-        "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas\n");
+        "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas,"
+        "hooks_us\n");
   else
     std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %6s %6s | %8s %8s %8s\n", "M",
                 "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
                 "notif+%", "ag+%", "rs+%", "err_eng", "err_hook", "err_blas");
 
-  std::vector<double> ratios, overheads, aa_abs, ag_overheads, rs_overheads, sustained_ratios;
+  std::vector<double> ratios, overheads, overheads_us, aa_abs, ag_overheads, rs_overheads,
+      sustained_ratios;
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
@@ -340,19 +352,23 @@ int bench_gemm(Args& args) {
     const Paired p_hooks = paired(t[kHooks], base), p_aa = paired(t[kEngine2], eb.first),
                  p_wait = paired(t[kWaitOnly], base), p_notify = paired(t[kNotifyOnly], base),
                  p_ag = paired(t[kAgType], base), p_rs = paired(t[kRsType], base);
+    const double hooks_us = hooks_on ? paired_us(t[kHooks], base) : 0;
     ratios.push_back(ratio);
     if (hooks_on) {
       overheads.push_back(p_hooks.median_pct);
+      overheads_us.push_back(hooks_us);
       aa_abs.push_back(std::abs(p_aa.median_pct));
       ag_overheads.push_back(p_ag.median_pct);
       rs_overheads.push_back(p_rs.median_pct);
     }
     if (csv)
       std::printf(
-          "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e\n",
+          "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e,"
+          "%.3f\n",
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
-          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas);
+          p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas,
+          hooks_us);
     else {
       auto err = [](double e) {  // "-": not checked (--no-verify, or no hooks for this type)
         char buf[16] = "-";
@@ -442,6 +458,10 @@ int bench_gemm(Args& args) {
     std::printf("; %s: median %+.2f%%, max %+.2f%%", what, o[o.size() / 2], o.back());
   };
   med_max(hot_signals ? "hooks overhead (hot signals)" : "hooks overhead", overheads);
+  if (!overheads_us.empty()) {
+    std::sort(overheads_us.begin(), overheads_us.end());
+    std::printf(" (%+.2f to %+.2f us a launch)", overheads_us.front(), overheads_us.back());
+  }
   med_max("AG+GEMM-type waits", ag_overheads);
   med_max("GEMM+RS-type notifies", rs_overheads);
   if (!aa_abs.empty())
