@@ -131,13 +131,9 @@ EngineBase engine_base(const std::vector<float>& e, const std::vector<float>& e2
 struct Paired {
   double median_pct = 0, half_iqr_pct = 0;
 };
-// The median over reps of x[r] - y[r] (ms), in us: an overhead as time a launch, not a share of it.
-double paired_us(const std::vector<float>& x, const std::vector<double>& y) {
-  std::vector<double> d;
-  for (size_t r = 0; r < x.size() && r < y.size(); ++r) d.push_back(1e3 * (x[r] - y[r]));
-  if (d.empty()) return 0;
-  std::sort(d.begin(), d.end());
-  return d.size() % 2 ? d[d.size() / 2] : 0.5 * (d[d.size() / 2 - 1] + d[d.size() / 2]);
+// The median of an already sorted, non-empty sample.
+double sorted_median(const std::vector<double>& q) {
+  return q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]);
 }
 Paired paired(const std::vector<float>& x, const std::vector<double>& y) {
   std::vector<double> q;
@@ -145,8 +141,15 @@ Paired paired(const std::vector<float>& x, const std::vector<double>& y) {
   if (q.empty()) return {};
   std::sort(q.begin(), q.end());
   auto at = [&](double f) { return q[static_cast<size_t>(f * (q.size() - 1) + 0.5)]; };
-  return Paired{q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]),
-                0.5 * (at(0.75) - at(0.25))};
+  return Paired{sorted_median(q), 0.5 * (at(0.75) - at(0.25))};
+}
+// The median over reps of x[r] - y[r] (ms), in us: an overhead as time a launch, not a share of it.
+double paired_us(const std::vector<float>& x, const std::vector<double>& y) {
+  std::vector<double> d;
+  for (size_t r = 0; r < x.size() && r < y.size(); ++r) d.push_back(1e3 * (x[r] - y[r]));
+  if (d.empty()) return 0;
+  std::sort(d.begin(), d.end());
+  return sorted_median(d);
 }
 
 int bench_gemm(Args& args) {

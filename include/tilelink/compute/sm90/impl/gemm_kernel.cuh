@@ -306,10 +306,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if (j + 1 == walk.num_local() && cutlass::canonical_lane_idx() == 0) TL_GEMM_MARK_MAX(13);
       if constexpr (Hooks::kNotifies) {
         // NOTE: every thread arrives (release.cta: its own stores before it; the arrives of a warp
-        // are aggregated), after waiting for the slot to be free. Before, lane 0 arrived for its
-        // warp after a __syncwarp and the slot wait came before the epilogue: the same time, but
-        // the __syncwarp's convergence region put the staged epilogue ~32 KB away from the mainloop
-        // (bench/notes/gemm.md, session 11).
+        // are aggregated), on the ring's later laps after waiting for its slot to be free. Before,
+        // lane 0 arrived for its warp after a __syncwarp: the same time, but the __syncwarp's
+        // convergence region put the staged epilogue ~32 KB away from the mainloop (bench/notes/
+        // gemm.md, session 11).
         const int slot = j % TileStoredRing::kSlots;
         if (j >= TileStoredRing::kSlots) {
           Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
