@@ -93,9 +93,14 @@ cudaDataType_t cuda_type(DType t) {
   return t == DType::kBF16 ? CUDA_R_16BF : t == DType::kF16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+// The median of an already sorted, non-empty sample.
+template <class T>
+double sorted_median(const std::vector<T>& q) {
+  return q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]);
+}
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+  return v.empty() ? 0 : sorted_median(v);
 }
 
 // The hooks-on variants are instantiated for bf16 -> bf16 (the fused ops' type); other types time the
@@ -131,10 +136,6 @@ EngineBase engine_base(const std::vector<float>& e, const std::vector<float>& e2
 struct Paired {
   double median_pct = 0, half_iqr_pct = 0;
 };
-// The median of an already sorted, non-empty sample.
-double sorted_median(const std::vector<double>& q) {
-  return q.size() % 2 ? q[q.size() / 2] : 0.5 * (q[q.size() / 2 - 1] + q[q.size() / 2]);
-}
 Paired paired(const std::vector<float>& x, const std::vector<double>& y) {
   std::vector<double> q;
   for (size_t r = 0; r < x.size() && r < y.size(); ++r) q.push_back(100.0 * (x[r] / y[r] - 1.0));
@@ -452,9 +453,7 @@ int bench_gemm(Args& args) {
   }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
-  const double med = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                       : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-  std::printf("# ratio to cuBLAS: median %.3f, min %.3f", med, sorted.front());
+  std::printf("# ratio to cuBLAS: median %.3f, min %.3f", sorted_median(sorted), sorted.front());
   auto med_max = [](const char* what, std::vector<double> o) {
     if (o.empty()) return;
     std::sort(o.begin(), o.end());
@@ -462,8 +461,8 @@ int bench_gemm(Args& args) {
   };
   med_max(hot_signals ? "hooks overhead (hot signals)" : "hooks overhead", overheads);
   if (!overheads_us.empty()) {
-    std::sort(overheads_us.begin(), overheads_us.end());
-    std::printf(" (%+.2f to %+.2f us a launch)", overheads_us.front(), overheads_us.back());
+    const auto [lo, hi] = std::minmax_element(overheads_us.begin(), overheads_us.end());
+    std::printf(" (%+.2f to %+.2f us a launch)", *lo, *hi);
   }
   med_max("AG+GEMM-type waits", ag_overheads);
   med_max("GEMM+RS-type notifies", rs_overheads);
