@@ -134,6 +134,27 @@ TEST(Sm90Gemm, NumSmsAndOrderOptions) {
   }
 }
 
+// The default order's first wave: on a narrow grid it is whole tile rows (each A band read once),
+// on a wide one a group of rows about twice as tall as the wave is wide.
+TEST(Sm90Gemm, DefaultOrderFirstWave) {
+  struct Case {
+    int64_t m, n;
+    int blocks, rows;  // tile rows the first `blocks` tiles of the order touch
+  };
+  // 64x6 tiles: 132 = 22 whole rows; 128x4: 33 rows; 64x16: a group of 18 rows; 4x32: all 4 rows;
+  // 64x6 on 16 blocks: a group of 6 rows (16 tiles are not whole rows of a 6-row group).
+  for (const Case& c :
+       {Case{8192, 1536, 132, 22}, Case{16384, 1024, 132, 33}, Case{8192, 4096, 132, 18},
+        Case{512, 8192, 132, 4}, Case{8192, 1536, 16, 6}}) {
+    GemmArgs a = shape(c.m, c.n, 64);
+    const TileOrder o = gemm_tile_order(a, c.blocks);
+    std::set<int> rows;
+    for (int i = 0; i < std::min(c.blocks, o.count()); ++i) rows.insert(o.at(i).m);
+    EXPECT_EQ(static_cast<int>(rows.size()), c.rows)
+        << c.m << "x" << c.n << " on " << c.blocks << " blocks";
+  }
+}
+
 TEST(Sm90Gemm, EmptyM) {
   GemmArgs a = shape(0, 64, 64);
   void* p = nullptr;

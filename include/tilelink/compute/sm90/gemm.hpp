@@ -87,7 +87,8 @@ struct GemmArgs {
 TL_HD inline TileGrid gemm_tile_grid(int64_t m, int64_t n) { return TileGrid{m, n, kTileM, kTileN}; }
 
 // group_m heuristic: about twice as many tile rows as tile columns in one wave of resident tiles
-// (128x256 tiles make that footprint square), capped by the grid.
+// (128x256 tiles make that footprint square), capped by the grid; 1 (row-major) when the grid is
+// so narrow that a wave holds whole tile rows even at that width.
 int gemm_default_group_m(int64_t m, int64_t n, int num_blocks);
 
 // The tile order the engine walks for these arguments (after defaults are resolved).
