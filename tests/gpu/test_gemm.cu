@@ -134,6 +134,40 @@ TEST(Sm90Gemm, NumSmsAndOrderOptions) {
   }
 }
 
+// The TMA store configuration (two or more tiles a block): ragged edges (the boxes clip), strided
+// and unaligned C (the register-store fallback inside it), both 16-bit outputs, and one tile more
+// than a whole number of tiles a block.
+TEST(Sm90Gemm, TmaStorePath) {
+  struct Case {
+    GemmArgs args;
+    int sms;
+  };
+  std::vector<Case> cases;
+  for (auto [m, n, k] : {std::tuple{1, 1032, 72},
+                         {17, 776, 1032},
+                         {1000, 520, 1000},
+                         {129, 3080, 136},
+                         {1000, 776, 1032},
+                         {512, 2048, 64}}) {
+    cases.push_back({shape(m, n, k), 2});
+  }
+  cases.push_back({shape(1000, 776, 1032, DType::kF16, DType::kF16), 3});
+  cases.push_back({shape(300, 264, 200), 1});
+  cases.back().args.lda = 208, cases.back().args.ldb = 216, cases.back().args.ldc = 280;
+  cases.push_back(cases.back());
+  cases.back().args.ldc = 276;                    // rows not 16-byte aligned: register stores
+  cases.push_back({shape(1000, 1032, 520), 13});  // 40 tiles on 13 blocks: one block has 4
+  for (Case& c : cases) {
+    c.args.num_sms = c.sms;
+    const int64_t tiles = gemm_tile_grid(c.args.m, c.args.n).num_tiles();
+    ASSERT_TRUE(gemm_tma_store_config(c.args.out_type, tiles, c.sms))
+        << c.args.m << "x" << c.args.n;
+    run_and_check(c.args);
+  }
+  EXPECT_FALSE(gemm_tma_store_config(DType::kBF16, 128, 128));  // one tile a block
+  EXPECT_FALSE(gemm_tma_store_config(DType::kF32, 1024, 132));  // fp32 output
+}
+
 // The default order's first wave: on a narrow grid it is whole tile rows (each A band read once),
 // on a wide one a group of rows about twice as tall as the wave is wide.
 TEST(Sm90Gemm, DefaultOrderFirstWave) {
@@ -286,6 +320,85 @@ TEST(Sm90GemmHooks, OneBlockFollowsTileOrder) {
   const TileOrder order = gemm_tile_order(a, 1);
   const TileGrid g = gemm_tile_grid(a.m, a.n);
   for (int i = 0; i < order.count(); ++i) EXPECT_EQ(r.tickets[g.linear(order.at(i))], i) << "visit " << i;
+}
+
+// An observer on another stream acquires each tile's notify signal and then reads the tile from C:
+// every element must be written by then (C starts poisoned). The store warp's TMA path must
+// complete the tile's writes before the hook's release.
+__global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_t n,
+                                       uint64_t* notify, int tiles_m, int tiles_n, uint64_t epoch,
+                                       int* unwritten, int* timed_out) {
+  __shared__ int ready;
+  for (int t = 0; t < tiles_m * tiles_n; ++t) {
+    if (threadIdx.x == 0) {
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(notify[t]);
+      long long polls = 0;
+      while (sig.load(cuda::memory_order_acquire) < epoch && ++polls < (1ll << 24)) __nanosleep(64);
+      ready = polls < (1ll << 24);
+      if (!ready) atomicAdd(timed_out, 1);
+    }
+    __syncthreads();  // orders the acquire before every thread's reads
+    if (ready) {
+      const int64_t r0 = int64_t(t / tiles_n) * kTileM, c0 = int64_t(t % tiles_n) * kTileN;
+      const int64_t rows = std::min<int64_t>(kTileM, m - r0),
+                    cols = std::min<int64_t>(kTileN, n - c0);
+      int bad = 0;
+      for (int64_t i = threadIdx.x; i < rows * cols; i += blockDim.x) {
+        const float v = __bfloat162float(c[(r0 + i / cols) * n + c0 + i % cols]);
+        bad += !isfinite(v);
+      }
+      if (bad) atomicAdd(unwritten, bad);
+    }
+    __syncthreads();
+  }
+}
+
+TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
+  for (int sms :
+       {2, 16}) {  // both configurations: 40 tiles on 2 blocks (TMA stores), on 16 (registers)
+    GemmArgs a = shape(1000, 1032, 1024);
+    a.num_sms = sms;
+    const TileGrid g = gemm_tile_grid(a.m, a.n);
+    const int tiles = static_cast<int>(g.num_tiles());
+    Buffers buf;
+    uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
+    int* counts = nullptr;
+    CK(cudaMalloc(&buf.a, a.m * a.k * 2));
+    CK(cudaMalloc(&buf.b, a.n * a.k * 2));
+    CK(cudaMalloc(&buf.c, a.m * a.n * 2));
+    CK(cudaMalloc(&wait_sig, tiles * 8));
+    CK(cudaMalloc(&notify_sig, tiles * 8));
+    CK(cudaMalloc(&counts, 2 * sizeof(int)));
+    ref::fill_uniform(buf.a, DType::kBF16, a.m * a.k, fresh_seed(), 1.0f);
+    ref::fill_uniform(buf.b, DType::kBF16, a.n * a.k, fresh_seed(), 1.0f);
+    CK(cudaMemset(buf.c, 0xff, a.m * a.n * 2));  // NaN until written
+    CK(cudaMemset(notify_sig, 0, tiles * 8));
+    CK(cudaMemset(counts, 0, 2 * sizeof(int)));
+    std::vector<uint64_t> set(tiles, 1);
+    CK(cudaMemcpy(wait_sig, set.data(), tiles * 8, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+    SignalHooks<cuda::thread_scope_device> hooks;
+    hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = g.tiles_n(),
+    hooks.epoch = 1;
+    a.a = buf.a, a.b = buf.b, a.c = buf.c;
+    cudaStream_t s1, s2;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    observe_notified_tiles<<<1, 256, 0, s2>>>(static_cast<const __nv_bfloat16*>(buf.c), a.m, a.n,
+                                              notify_sig, g.tiles_m(), g.tiles_n(), 1, counts,
+                                              counts + 1);
+    CK(cudaGetLastError());
+    launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(a, hooks, s1);
+    CK(cudaDeviceSynchronize());
+    int host[2] = {0, 0};
+    CK(cudaMemcpy(host, counts, sizeof(host), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(host[1], 0) << "tiles never notified (" << sms << " blocks)";
+    EXPECT_EQ(host[0], 0) << "elements unwritten when their tile was notified (" << sms
+                          << " blocks)";
+    CK(cudaStreamDestroy(s1));
+    CK(cudaStreamDestroy(s2));
+    for (void* p : {(void*)wait_sig, (void*)notify_sig, (void*)counts}) CK(cudaFree(p));
+  }
 }
 
 TEST(Sm90GemmHooks, NumSmsBoundsTheGrid) {

@@ -27,11 +27,12 @@
 //     (typically a bounded acquire spin on the tile's signal slots, at gpu or sys scope). The
 //     engine follows it with __syncwarp() and `fence.proxy.async.global`, so no TMA load is hoisted
 //     above the wait.
-//   after_tile_stored: called once per tile by one thread (lane 0 of a dedicated notify warp) after
-//     every epilogue store or reduction of that tile by every consumer thread is ordered before it
-//     (each consumer thread's mbarrier arrive [release.cta] -> the notify warp's wait
-//     [acquire.cta]); a release store at gpu/sys scope made by the hook therefore publishes the
-//     whole tile. It runs off the consumers' critical path.
+//   after_tile_stored: called once per tile by one thread (lane 0 of the store warp) after every
+//     epilogue store or reduction of that tile is ordered before it: register stores by each
+//     consumer thread's mbarrier arrive [release.cta] -> the store warp's wait [acquire.cta]; the
+//     TMA-store configuration's tile by the store warp's own `cp.async.bulk.wait_group 0` and
+//     `fence.proxy.async.global`. A release store at gpu/sys scope made by the hook therefore
+//     publishes the whole tile. It runs off the consumers' critical path.
 //   Hooks must make no function call (printf, non-inlined code): ptxas then serializes every wgmma
 //   of the kernel (warning C7510, measured ~7% slower); report timeouts through memory and trap.
 //   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.
@@ -96,6 +97,16 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
 
 // Number of persistent blocks a launch with these arguments uses (min(num_sms, tiles)); checks num_sms.
 int gemm_num_blocks(const GemmArgs& args);
+
+// Whether a launch takes the engine's TMA-store configuration: a 16-bit output with at least two
+// tiles a block. Its consumers write each tile to shared memory and the store warp copies it to C
+// with TMA while the next tile's MMAs run (3 pipeline stages); the other configuration stores from
+// registers (4 stages), which wins at one tile a block. Stores that TMA cannot make (C not in this
+// device's memory, or rows not 16-byte aligned, or kReduceAdd) fall back to register stores in
+// either configuration.
+TL_HD inline bool gemm_tma_store_config(DType out, int64_t tiles, int num_blocks) {
+  return dtype_size(out) == 2 && tiles >= 2 * static_cast<int64_t>(num_blocks);
+}
 
 // Checks every argument and throws tilelink::Error with a clear message before anything is launched:
 // null pointers, N or K not a multiple of 8, unsupported or mismatched dtypes, bad strides or

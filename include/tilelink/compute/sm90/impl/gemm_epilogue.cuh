@@ -128,4 +128,60 @@ TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoo
   }
 }
 
+// The TMA store path (16-bit C, local memory, 16-byte aligned rows): the consumers write the whole
+// tile into shared memory and go on to the next tile's MMAs; one thread of the store warp copies it
+// to C with TMA (the SM's write path drains it beside the next tile's math). The tile is laid out
+// as four 64-column chunks of 128 rows x 128 bytes, each in the 128-byte swizzle that C's tensor
+// map names (16-byte unit u of row r at unit u ^ (r % 8)), so a warp's 4-byte fragment writes (8
+// rows x 16 bytes) hit 32 different banks.
+inline constexpr int kTmaChunkCols = 64;             // 128 bytes of 16-bit C
+inline constexpr int kTmaChunkBytes = kTileM * 128;  // 16 KiB
+inline constexpr int kTmaTileBytes = (kTileN / kTmaChunkCols) * kTmaChunkBytes;  // 64 KiB
+
+template <class ElementOut, class TiledMma, class Accum>
+TL_DEVICE void stage_tile_for_tma(TiledMma const& tiled_mma, int mma_thread_idx, Accum const& accum,
+                                  uint8_t* c_tile) {
+  using namespace cute;
+  static_assert(sizeof(ElementOut) == 2, "the TMA store path is for 16-bit outputs");
+  auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
+  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+  Tensor tCcC = thr_mma.partition_C(cC);  // (MMA, MMA_M, MMA_N) -> (row, col) in the tile
+  CUTE_UNROLL
+  for (int i = 0; i < size(accum); i += 2) {
+    const int r = get<0>(tCcC(i));
+    const int col = get<1>(tCcC(i));
+    const int byte = (col % kTmaChunkCols) * 2;  // in the chunk's row
+    const int off = (col / kTmaChunkCols) * kTmaChunkBytes + r * 128 +
+                    ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
+    store_pair(reinterpret_cast<ElementOut*>(c_tile + off), accum(i), accum(i + 1));
+  }
+}
+
+TL_DEVICE TL_INLINE uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Generic-proxy writes to shared memory -> visible to a later TMA (async proxy) read of it.
+TL_DEVICE TL_INLINE void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// One box of C's tensor map (x: column, y: row of its first element) from shared memory.
+TL_DEVICE TL_INLINE void tma_store_2d(const void* tensor_map, const void* smem, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          tensor_map),
+      "r"(smem_u32(smem)), "r"(x), "r"(y)
+      : "memory");
+}
+TL_DEVICE TL_INLINE void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The shared memory of every committed store has been read (may be written again).
+TL_DEVICE TL_INLINE void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Every committed store has been written to global memory.
+TL_DEVICE TL_INLINE void tma_store_wait_done() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 }  // namespace tilelink::compute::sm90::detail

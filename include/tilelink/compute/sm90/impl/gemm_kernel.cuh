@@ -1,12 +1,14 @@
 // The sm_90a GEMM tile engine kernel template (see ../gemm.hpp for the contract).
 //
 // Include this from a .cu file to instantiate the engine with your own Hooks type:
-//   tilelink::compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, my_hooks, stream);
-// The mainloop (TMA loads into a Stages-deep smem ring, wgmma 2x(64x256x16) per k-block) is CUTLASS's
-// sm90 warp-specialized collective; the persistent tile walk, the hooks and the epilogue are ours.
+//   tilelink::compute::sm90::launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, hooks, stream);
+// The mainloop (TMA loads into a Stages-deep smem ring, wgmma 2x(64x256x16) per k-block) is
+// CUTLASS's sm90 warp-specialized collective; the persistent tile walk, the hooks and the epilogue
+// are ours.
 //
-// Block: 384 threads = warpgroup 0 (warp 0: TMA producer, warp 1: tile notifier, warps 2-3 idle)
-//                     + warpgroups 1-2 (consumers: 128x256 tile, each warpgroup 64x256, fp32 accum).
+// Block: 384 threads = warpgroup 0 (warp 0: TMA producer; warp 1: store warp, the TMA stores of C
+// tiles and the notify hook; warps 2-3 idle) + warpgroups 1-2 (consumers: 128x256 tile, each
+// warpgroup 64x256, fp32 accumulators).
 #pragma once
 
 #if !defined(TILELINK_HAS_CUTE)
@@ -22,6 +24,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
@@ -51,16 +54,23 @@ inline void check_cuda(cudaError_t e, const char* what, const char* file, int li
 }
 #define TL_SM90_CUDA_CHECK(call) ::tilelink::compute::sm90::detail::check_cuda((call), #call, __FILE__, __LINE__)
 
-// One engine configuration: element types, tile, mainloop collective.
-template <class ElementIn_, class ElementOut_>
+// One engine configuration: element types, tile, epilogue, mainloop collective. kTmaStore_ (16-bit
+// outputs only): the consumers write a tile into shared memory and the store warp copies it to C
+// with TMA, so the next tile's MMAs run while the SM's write path drains it; the 64 KiB tile leaves
+// room for 3 stages. Without it: stores from registers through per-warp staging buffers, 4 stages.
+template <class ElementIn_, class ElementOut_, bool kTmaStore_>
 struct GemmConfig {
   using ElementIn = ElementIn_;    // cutlass::bfloat16_t or cutlass::half_t
   using ElementOut = ElementOut_;  // __nv_bfloat16, __half or float
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kNumMmaWarps = 8;
-  // our barriers and the epilogue staging buffers, with room to spare (still 4 stages at 128x256x64)
-  static constexpr int kSmemCarveoutBytes = 1024 + kNumMmaWarps * kStageBytesPerWarp;
+  static constexpr bool kTmaStore = kTmaStore_;
+  static_assert(!kTmaStore || sizeof(ElementOut) == 2, "the TMA store path is for 16-bit outputs");
+  static constexpr int kEpilogueSmemBytes =
+      kTmaStore ? kTmaTileBytes : kNumMmaWarps * kStageBytesPerWarp;
+  // our barriers and the epilogue's shared memory, with room to spare
+  static constexpr int kSmemCarveoutBytes = 1024 + kEpilogueSmemBytes;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,            //
       ElementIn, cutlass::layout::RowMajor, 8,                         // A [M, K], K-major
@@ -86,6 +96,7 @@ struct TileStoredRing {
   static constexpr int kSlots = 16;
   uint64_t full[kSlots];
   uint64_t empty[kSlots];
+  uint64_t c_tile_free;  // TMA store path: the store warp has read the tile out of shared memory
 };
 
 // Hooks whose calls (those their flags enable) are const run on the kernel parameter itself
@@ -112,7 +123,9 @@ struct SharedStorage {
   typename Cfg::Mainloop::TensorStorage tensors;
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
   alignas(16) TileStoredRing stored;
-  alignas(128) uint8_t epilogue_stage[Cfg::kNumMmaWarps][kStageBytesPerWarp];
+  // The TMA store path's tile (kTmaTileBytes), or the staged path's per-warp buffers
+  // (kStageBytesPerWarp each): one launch uses one of them.
+  alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
 };
 
 // kAltA: the descriptors of A's second source (GemmArgs::a_alt, tile rows [alt_tile0, alt_tile0 +
@@ -133,6 +146,8 @@ struct KernelParams : AltSource<Cfg, kAltA> {
   int64_t ldc = 0;
   EpilogueMode mode = EpilogueMode::kStore;
   bool staged_store = false;  // kStore with 16-byte aligned C rows: the shared-memory staged path
+  bool tma_store = false;     // ... and C local, 16-bit: the TMA store path (c_map)
+  CUtensorMap c_map;  // C, boxes of 64 columns x 128 rows, 128-byte swizzle (tma_store only)
   TileOrder order;
   Hooks hooks;
 };
@@ -199,13 +214,19 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   if (threadIdx.x == 0) TL_GEMM_MARK(9);
   if (threadIdx.x == 128) TL_GEMM_MARK(10);
 
-  if constexpr (Hooks::kNotifies) {
+  // The store warp (warp 1) takes the consumers' stored tiles: it runs the notify hook, and on the
+  // TMA store path it first copies the tile from shared memory to C.
+  constexpr bool kStoreWarp = Hooks::kNotifies || Cfg::kTmaStore;
+  const bool handoff = kStoreWarp && (Hooks::kNotifies || p.tma_store);  // consumers hand tiles over
+  if constexpr (kStoreWarp) {
     if (warp_idx == 1 && cute::elect_one_sync()) {
       for (int s = 0; s < TileStoredRing::kSlots; ++s) {
         Barrier::init(&shared.stored.full[s], Cfg::kNumMmaThreads);  // an arrive per consumer
         Barrier::init(&shared.stored.empty[s], 1);
       }
+      Barrier::init(&shared.stored.c_tile_free, 1);
       cutlass::arch::fence_barrier_init();
+      if (p.tma_store) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.c_map) : "memory");
     }
   }
 
@@ -264,17 +285,34 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if (cute::elect_one_sync()) TL_GEMM_MARK(12);
     }
 
-    // ---- notify warp: after every consumer thread stored tile j, run the notify hook ------------
-    if constexpr (Hooks::kNotifies) {
-      if (warp_in_group == 1 && cute::elect_one_sync()) {
-        HooksInWarp<Hooks> hooks = p.hooks;
+    // ---- store warp: after every consumer thread stored tile j (into shared memory on the TMA ----
+    // path, then copied to C here), run the notify hook
+    if constexpr (kStoreWarp) {
+      if (warp_in_group == 1 && handoff && cute::elect_one_sync()) {
+        [[maybe_unused]] HooksInWarp<Hooks> hooks = p.hooks;
         for (int j = 0; j < walk.num_local(); ++j) {
           const int slot = j % TileStoredRing::kSlots;
           const uint32_t phase = (j / TileStoredRing::kSlots) & 1;
           Barrier::wait(&shared.stored.full[slot], phase);
           if (j + 1 == walk.num_local()) TL_GEMM_MARK(7);
           const TileCoord tile = p.order.at(walk.global(j));
-          hooks.after_tile_stored(tile, grid.region(tile));
+          if constexpr (Cfg::kTmaStore) {
+            if (p.tma_store) {
+              // The box clips at C's edges: a ragged tile writes only its region.
+              for (int chunk = 0; chunk < kTileN / kTmaChunkCols; ++chunk) {
+                tma_store_2d(&p.c_map, shared.epilogue + chunk * kTmaChunkBytes,
+                             tile.n * kTileN + chunk * kTmaChunkCols, tile.m * kTileM);
+              }
+              tma_store_commit();
+              tma_store_wait_read();
+              Barrier::arrive(&shared.stored.c_tile_free);
+              if constexpr (Hooks::kNotifies) {
+                tma_store_wait_done();       // the tile is in C ...
+                fence_proxy_async_global();  // ... and ordered before the hook's (generic) release
+              }
+            }
+          }
+          if constexpr (Hooks::kNotifies) hooks.after_tile_stored(tile, grid.region(tile));
           if (j + 1 == walk.num_local()) TL_GEMM_MARK(8);
           Barrier::arrive(&shared.stored.empty[slot]);
         }
@@ -296,15 +334,31 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       read_state.advance(k_tiles);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
-      if (p.staged_store) {
-        store_tile_staged<typename Cfg::ElementOut>(p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
-                                                    shared.epilogue_stage[mma_thread_idx / 32]);
+      auto store_from_registers = [&] {
+        if (p.staged_store) {
+          store_tile_staged<typename Cfg::ElementOut>(
+              p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
+              shared.epilogue + (mma_thread_idx / 32) * kStageBytesPerWarp);
+        } else {
+          store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma,
+                                               mma_thread_idx, accum);
+        }
+      };
+      if constexpr (Cfg::kTmaStore) {
+        if (p.tma_store) {
+          if (j > 0) Barrier::wait(&shared.stored.c_tile_free, (j - 1) & 1);  // tile j-1 read out
+          stage_tile_for_tma<typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
+                                                       shared.epilogue);
+          fence_proxy_async_shared();  // for the store warp's TMA, after the arrive below
+        } else {
+          store_from_registers();
+        }
       } else {
-        store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum);
+        store_from_registers();
       }
       if (j + 1 == walk.num_local() && thread_idx == 128) TL_GEMM_MARK(6);
       if (j + 1 == walk.num_local() && cutlass::canonical_lane_idx() == 0) TL_GEMM_MARK_MAX(13);
-      if constexpr (Hooks::kNotifies) {
+      if (handoff) {
         // NOTE: every thread arrives (release.cta: its own stores before it; the arrives of a warp
         // are aggregated), on the ring's later laps after waiting for its slot to be free. Before,
         // lane 0 arrived for its warp after a __syncwarp: the same time, but the __syncwarp's
@@ -321,6 +375,39 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
 #endif
 }
 
+// C in this device's own memory (not a peer's, not host or managed memory): the TMA store path may
+// write it.
+inline bool is_local_device_memory(const void* ptr) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a CUDA allocation: take the generic path
+    return false;
+  }
+  int device = -1;
+  TL_SM90_CUDA_CHECK(cudaGetDevice(&device));
+  return attr.type == cudaMemoryTypeDevice && attr.device == device;
+}
+
+// C's tensor map for the TMA store path: [m, n] row-major (row stride ldc elements), boxes of
+// kTmaChunkCols x kTileM in the 128-byte swizzle of stage_tile_for_tma.
+template <class ElementOut>
+void encode_c_tensor_map(CUtensorMap* map, void* c, int64_t m, int64_t n, int64_t ldc) {
+  static_assert(sizeof(ElementOut) == 2);
+  const CUtensorMapDataType type = std::is_same_v<ElementOut, __half>
+                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ldc) * sizeof(ElementOut)};
+  const cuuint32_t box[2] = {kTmaChunkCols, kTileM};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
+      map, type, 2, c, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TL_REQUIRE(r == CUDA_SUCCESS, "sm90 gemm: cuTensorMapEncodeTiled for C failed (CUresult "
+                                    << static_cast<int>(r) << ")");
+}
+
 template <class T> inline constexpr DType kDTypeOf = DType::kF32;
 template <> inline constexpr DType kDTypeOf<cutlass::bfloat16_t> = DType::kBF16;
 template <> inline constexpr DType kDTypeOf<cutlass::half_t> = DType::kF16;
@@ -329,29 +416,20 @@ template <> inline constexpr DType kDTypeOf<__half> = DType::kF16;
 
 }  // namespace detail
 
-// Checks the arguments (throws tilelink::Error), builds the TMA descriptors and launches the engine
-// with `hooks` on `stream`. ElementIn: cutlass::bfloat16_t | cutlass::half_t; ElementOut: __nv_bfloat16 |
-// __half | float; they must match args.in_type / args.out_type. kAltA: the instantiation that reads
-// GemmArgs::a_alt (a second source for a band of A's rows); without it a_alt is refused.
-template <class ElementIn, class ElementOut, class Hooks, bool kAltA = false>
-void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
-  using namespace cute;
-  using Cfg = detail::GemmConfig<ElementIn, ElementOut>;
-  using Mainloop = typename Cfg::Mainloop;
-  using Params = detail::KernelParams<Cfg, Hooks, kAltA>;
+namespace detail {
 
-  gemm_check(args);
-  TL_REQUIRE(args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
-             "sm90 gemm: this instantiation is " << dtype_name(detail::kDTypeOf<ElementIn>) << " -> "
-                                                 << dtype_name(detail::kDTypeOf<ElementOut>) << ", the arguments say "
-                                                 << dtype_name(args.in_type) << " -> " << dtype_name(args.out_type));
-  TL_REQUIRE(kAltA || args.a_alt == nullptr,
-             "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
-  if (args.m == 0) return;  // nothing to compute; hooks are not called
+// Builds the TMA descriptors and launches the engine in configuration Cfg (arguments checked).
+template <class Cfg, class Hooks, bool kAltA>
+void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, int num_blocks,
+                        cudaStream_t stream) {
+  using namespace cute;
+  using ElementIn = typename Cfg::ElementIn;
+  using ElementOut = typename Cfg::ElementOut;
+  using Mainloop = typename Cfg::Mainloop;
+  using Params = KernelParams<Cfg, Hooks, kAltA>;
 
   const int64_t lda = args.lda ? args.lda : args.k;
   const int64_t ldb = args.ldb ? args.ldb : args.k;
-  const int num_blocks = gemm_num_blocks(args);
 
   Params p;
   typename Mainloop::Arguments mainloop_args{
@@ -384,17 +462,55 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   p.mode = args.epilogue;
   p.staged_store = args.epilogue == EpilogueMode::kStore && reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
                    (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
+  if constexpr (Cfg::kTmaStore) {
+    p.tma_store = p.staged_store && is_local_device_memory(args.c);
+    if (p.tma_store) encode_c_tensor_map<ElementOut>(&p.c_map, args.c, args.m, args.n, p.ldc);
+  }
   p.order = gemm_tile_order(args, num_blocks);
   p.hooks = hooks;
 
-  auto* kernel = &detail::gemm_kernel<Cfg, Hooks, kAltA>;
-  constexpr size_t kSmemBytes = sizeof(detail::SharedStorage<Cfg>);
+  auto* kernel = &gemm_kernel<Cfg, Hooks, kAltA>;
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg>);
   // NOTE: on every launch, not once per process: the attribute belongs to the kernel as loaded in the
   // current context, and a virtual world runs each rank in its own green context. Set once, it made
   // the second rank's launch fail (and the first rank's comm program wait forever for it).
   TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<num_blocks, Cfg::kNumThreads, kSmemBytes, stream>>>(p);
   TL_SM90_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+// Checks the arguments (throws tilelink::Error), builds the TMA descriptors and launches the engine
+// with `hooks` on `stream`. ElementIn: cutlass::bfloat16_t | cutlass::half_t; ElementOut:
+// __nv_bfloat16 |
+// __half | float; they must match args.in_type / args.out_type. kAltA: the instantiation that reads
+// GemmArgs::a_alt (a second source for a band of A's rows); without it a_alt is refused.
+// The configuration: gemm_tma_store_config (gemm.hpp). At one tile a block there is no next tile to
+// overlap, and the fourth stage is worth ~2.7% at 512x8192x8192 (bench/notes/gemm.md, session 12).
+template <class ElementIn, class ElementOut, class Hooks, bool kAltA = false>
+void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
+  gemm_check(args);
+  TL_REQUIRE(
+      args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
+      "sm90 gemm: this instantiation is " << dtype_name(detail::kDTypeOf<ElementIn>) << " -> "
+                                          << dtype_name(detail::kDTypeOf<ElementOut>)
+                                          << ", the arguments say " << dtype_name(args.in_type)
+                                          << " -> " << dtype_name(args.out_type));
+  TL_REQUIRE(kAltA || args.a_alt == nullptr,
+             "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
+  if (args.m == 0) return;  // nothing to compute; hooks are not called
+  const int num_blocks = gemm_num_blocks(args);
+  if constexpr (sizeof(ElementOut) == 2) {
+    if (gemm_tma_store_config(args.out_type, gemm_tile_grid(args.m, args.n).num_tiles(),
+                              num_blocks)) {
+      detail::launch_gemm_config<detail::GemmConfig<ElementIn, ElementOut, true>, Hooks, kAltA>(
+          args, hooks, num_blocks, stream);
+      return;
+    }
+  }
+  detail::launch_gemm_config<detail::GemmConfig<ElementIn, ElementOut, false>, Hooks, kAltA>(
+      args, hooks, num_blocks, stream);
 }
 
 }  // namespace tilelink::compute::sm90
