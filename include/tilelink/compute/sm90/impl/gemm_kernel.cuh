@@ -89,7 +89,7 @@ struct GemmConfig {
   static_assert(kNumMmaThreads == 256, "the cooperative mainloop uses two consumer warpgroups");
 };
 
-// Consumers -> notify warp: a ring of mbarriers ("tile j is stored", "slot free again"). 16 slots:
+// Consumers -> store warp: a ring of mbarriers ("tile j is stored", "slot free again"). 16 slots:
 // the consumers wait for a free slot only from a block's 17th tile on (the wait, though its slot is
 // always long free, measured ~0.1-0.2% at 8 tiles a block; bench/notes/gemm.md, session 11).
 struct TileStoredRing {
