@@ -414,10 +414,6 @@ template <> inline constexpr DType kDTypeOf<cutlass::half_t> = DType::kF16;
 template <> inline constexpr DType kDTypeOf<__nv_bfloat16> = DType::kBF16;
 template <> inline constexpr DType kDTypeOf<__half> = DType::kF16;
 
-}  // namespace detail
-
-namespace detail {
-
 // Builds the TMA descriptors and launches the engine in configuration Cfg (arguments checked).
 template <class Cfg, class Hooks, bool kAltA>
 void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, int num_blocks,
