@@ -3,9 +3,10 @@
 //
 // The engine is a persistent, warp-specialized kernel: one producer warp issues TMA loads into a
 // multi-stage shared-memory pipeline, two consumer warpgroups run wgmma on a 128x256 output tile
-// with fp32 accumulators and store the tile through per-warp shared-memory staging (16-byte row
-// stores). The grid walks the output tiles in a core TileOrder (start_m rotation, group_m grouping,
-// row bands), every block taking every num_blocks-th tile.
+// with fp32 accumulators and store the tile, either through per-warp shared-memory staging (16-byte
+// row stores) or, in the TMA-store configuration (gemm_tma_store_config), as a whole tile in shared
+// memory that a store warp copies to C. The grid walks the output tiles in a core TileOrder
+// (start_m rotation, group_m grouping, row bands), every block taking every num_blocks-th tile.
 //
 // Layouts: A is [M, K] row-major (row stride lda), B is [N, K] row-major (nn.Linear weight, row
 // stride ldb), C is [M, N] row-major (row stride ldc). Inputs bf16 or fp16 (both the same), output

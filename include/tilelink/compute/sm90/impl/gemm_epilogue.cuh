@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cuda/ptx>
 #include <cute/tensor.hpp>
 
 #include "tilelink/compute/sm90/gemm.hpp"
@@ -155,33 +156,6 @@ TL_DEVICE void stage_tile_for_tma(TiledMma const& tiled_mma, int mma_thread_idx,
                     ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
     store_pair(reinterpret_cast<ElementOut*>(c_tile + off), accum(i), accum(i + 1));
   }
-}
-
-TL_DEVICE TL_INLINE uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Generic-proxy writes to shared memory -> visible to a later TMA (async proxy) read of it.
-TL_DEVICE TL_INLINE void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// One box of C's tensor map (x: column, y: row of its first element) from shared memory.
-TL_DEVICE TL_INLINE void tma_store_2d(const void* tensor_map, const void* smem, int x, int y) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
-          tensor_map),
-      "r"(smem_u32(smem)), "r"(x), "r"(y)
-      : "memory");
-}
-TL_DEVICE TL_INLINE void tma_store_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// The shared memory of every committed store has been read (may be written again).
-TL_DEVICE TL_INLINE void tma_store_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// Every committed store has been written to global memory.
-TL_DEVICE TL_INLINE void tma_store_wait_done() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 }  // namespace tilelink::compute::sm90::detail

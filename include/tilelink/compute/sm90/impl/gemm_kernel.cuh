@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       }
       Barrier::init(&shared.stored.c_tile_free, 1);
       cutlass::arch::fence_barrier_init();
-      if (p.tma_store) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.c_map) : "memory");
+      if (p.tma_store) cute::prefetch_tma_descriptor(&p.c_map);
     }
   }
 
@@ -299,15 +299,17 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           if constexpr (Cfg::kTmaStore) {
             if (p.tma_store) {
               // The box clips at C's edges: a ragged tile writes only its region.
+              namespace ptx = ::cuda::ptx;
               for (int chunk = 0; chunk < kTileN / kTmaChunkCols; ++chunk) {
-                tma_store_2d(&p.c_map, shared.epilogue + chunk * kTmaChunkBytes,
-                             tile.n * kTileN + chunk * kTmaChunkCols, tile.m * kTileM);
+                const int32_t box[2] = {tile.n * kTileN + chunk * kTmaChunkCols, tile.m * kTileM};
+                ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &p.c_map, box,
+                                          shared.epilogue + chunk * kTmaChunkBytes);
               }
-              tma_store_commit();
-              tma_store_wait_read();
+              ptx::cp_async_bulk_commit_group();
+              ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});  // the buffer is free again
               Barrier::arrive(&shared.stored.c_tile_free);
               if constexpr (Hooks::kNotifies) {
-                tma_store_wait_done();       // the tile is in C ...
+                ptx::cp_async_bulk_wait_group(ptx::n32_t<0>{});  // the tile is in C ...
                 fence_proxy_async_global();  // ... and ordered before the hook's (generic) release
               }
             }
@@ -349,7 +351,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           if (j > 0) Barrier::wait(&shared.stored.c_tile_free, (j - 1) & 1);  // tile j-1 read out
           stage_tile_for_tma<typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
                                                        shared.epilogue);
-          fence_proxy_async_shared();  // for the store warp's TMA, after the arrive below
+          // for the store warp's TMA, after the arrive below
+          ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
         } else {
           store_from_registers();
         }
