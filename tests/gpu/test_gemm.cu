@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -189,6 +190,80 @@ TEST(Sm90Gemm, DefaultOrderFirstWave) {
   }
 }
 
+// A workspace for the split last wave of `args` (zero-filled), freed with the object; it checks on
+// destruction that every launch left the flag records zero again.
+struct SplitWorkspace {
+  void* p = nullptr;
+  int64_t split = 0, bytes = 0;
+  explicit SplitWorkspace(GemmArgs& args) {
+    bytes = gemm_workspace_bytes(args);
+    CK(cudaMalloc(&p, std::max<int64_t>(bytes, 16)));
+    CK(cudaMemset(p, 0, std::max<int64_t>(bytes, 16)));
+    args.workspace = p, args.workspace_bytes = bytes;
+    split = gemm_work(args).split_tiles;
+  }
+  ~SplitWorkspace() {
+    std::vector<uint32_t> flags(split * kSplitFlagsBytes / 4);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(flags.data(), p, flags.size() * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < flags.size(); ++i) EXPECT_EQ(flags[i], 0u) << "flag word " << i;
+    CK(cudaFree(p));
+  }
+};
+
+// The split last wave: tails of 1..8 tiles split in two halves of K (ragged, odd k-block counts),
+// a grid smaller than half the SMs, both configurations, every dtype pair, strided and unaligned C,
+// kReduceAdd; each case twice on the same workspace (which every launch must leave zero-filled).
+TEST(Sm90Gemm, SplitLastWave) {
+  struct Case {
+    GemmArgs args;
+    int sms;
+    bool reduce = false;
+  };
+  std::vector<Case> cases = {
+      {shape(300, 776, 1024), 8},     // 12 tiles on 8 blocks: 4 split, 4-stage configuration
+      {shape(1000, 1032, 1000), 16},  // 40 on 16: 8 split, ragged M, N and K
+      {shape(17, 264, 2048), 4},      // 2 tiles on 4 blocks: both split
+      {shape(1000, 1032, 520), 13},   // 40 on 13: 1 split (9 k-blocks), TMA-store configuration
+      {shape(1000, 776, 1032), 11},   // 32 on 11: a last wave of 10 > 11 / 2, not split (control)
+      {shape(129, 3080, 1032), 20},   // 26 on 20: 6 split, 17 k-blocks (halves 8 + 9)
+      {shape(300, 776, 1024, DType::kBF16, DType::kF32), 8},
+      {shape(1000, 1032, 1000, DType::kF16, DType::kF16), 16},
+      {shape(300, 776, 1024, DType::kF16, DType::kF32), 8},
+      {shape(1000, 1032, 520), 13, true},  // kReduceAdd
+      {shape(300, 776, 1024), 8, true},
+  };
+  cases.push_back({shape(300, 264, 1024), 4});  // strided operands and output
+  cases.back().args.lda = 1032, cases.back().args.ldb = 1040, cases.back().args.ldc = 280;
+  cases.push_back(cases.back());
+  cases.back().args.ldc = 276;  // rows not 16-byte aligned
+  int split_cases = 0;
+  for (Case& c : cases) {
+    c.args.num_sms = c.sms;
+    SCOPED_TRACE(::testing::Message() << c.args.m << "x" << c.args.n << "x" << c.args.k << " on "
+                                      << c.sms << " blocks" << (c.reduce ? ", reduce" : ""));
+    SplitWorkspace ws(c.args);
+    const GemmWork w = gemm_work(c.args);
+    EXPECT_EQ(w.split_tiles, gemm_split_tiles(w.tiles, c.sms, c.args.k));
+    EXPECT_EQ(w.blocks, std::min<int64_t>(c.sms, w.tiles + w.split_tiles));
+    split_cases += w.split_tiles > 0;
+    for (int rep = 0; rep < 2; ++rep) run_and_check(c.args, c.reduce);
+  }
+  EXPECT_EQ(split_cases, static_cast<int>(cases.size()) - 1);  // all but the control split
+  // The rule: at most half a wave, and at least kSplitMinKTiles k-blocks.
+  EXPECT_EQ(gemm_split_tiles(192, 132, 8192), 60);
+  EXPECT_EQ(gemm_split_tiles(64, 132, 8192), 64);
+  EXPECT_EQ(gemm_split_tiles(2048, 132, 8192), 0);  // 68 > 66
+  EXPECT_EQ(gemm_split_tiles(264, 132, 8192), 0);   // whole waves
+  EXPECT_EQ(gemm_split_tiles(192, 132, 448), 0);    // 7 k-blocks
+  // No workspace: no split.
+  GemmArgs plain = shape(300, 776, 1024);
+  plain.num_sms = 8;
+  EXPECT_EQ(gemm_work(plain).split_tiles, 0);
+  EXPECT_EQ(gemm_work(plain).blocks, 8);
+  EXPECT_GT(gemm_workspace_bytes(plain), 0);
+}
+
 TEST(Sm90Gemm, EmptyM) {
   GemmArgs a = shape(0, 64, 64);
   void* p = nullptr;
@@ -311,6 +386,13 @@ TEST(Sm90GemmHooks, SignalsSetEveryTileNotifiedOnce) {
   HookRun r = run_with_hooks(a, false, 7);
   std::set<int> t(r.tickets.begin(), r.tickets.end());
   EXPECT_EQ(t.size(), r.tickets.size());  // each tile notified exactly once (distinct tickets)
+  a.num_sms = 13;                         // 40 tiles: the last one split
+  SplitWorkspace ws(a);
+  ASSERT_EQ(gemm_work(a).split_tiles, 1);
+  r = run_with_hooks(a, false, 8);
+  t = std::set<int>(r.tickets.begin(), r.tickets.end());
+  EXPECT_EQ(t.size(), r.tickets.size());
+  EXPECT_EQ(*t.rbegin(), static_cast<int>(r.tickets.size()) - 1);  // 40 notifies, no more
 }
 
 TEST(Sm90GemmHooks, OneBlockFollowsTileOrder) {
@@ -355,10 +437,16 @@ __global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_
 
 TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
   // 40 tiles on 2 blocks: the TMA-store configuration; on 24 (one or two tiles a block): register
-  // stores.
-  for (int sms : {2, 24}) {
+  // stores. With a workspace, on 13 (TMA) and 32 (register) blocks the last wave is split: only
+  // the half that stores a tile notifies it.
+  for (auto [sms, split] : {std::pair{2, false}, {24, false}, {13, true}, {32, true}}) {
     GemmArgs a = shape(1000, 1032, 1024);
     a.num_sms = sms;
+    std::optional<SplitWorkspace> ws;
+    if (split) {
+      ws.emplace(a);
+      ASSERT_GT(gemm_work(a).split_tiles, 0);
+    }
     const TileGrid g = gemm_tile_grid(a.m, a.n);
     const int tiles = static_cast<int>(g.num_tiles());
     Buffers buf;
@@ -416,6 +504,9 @@ TEST(Sm90GemmHooks, WaitHoldsLoadsUntilProducerReleases) {
   GemmArgs a = shape(1000, 1032, 1024);
   a.num_sms = sms - 8;  // leave room for the producer kernel
   run_with_hooks(a, true, 3);
+  SplitWorkspace ws(a);  // 40 tiles on under half the SMs: every tile split, both halves wait
+  ASSERT_EQ(gemm_work(a).split_tiles, 40);
+  run_with_hooks(a, true, 5);
 }
 
 // Several tiles per block: every later tile waits in the load warp too.
@@ -459,6 +550,16 @@ TEST(Sm90GemmArgs, BadInputThrows) {
   a = ok(), a.lda = 60;
   EXPECT_THROW(gemm(a, 0), tilelink::Error);
   a = ok(), a.b = static_cast<char*>(p) + 2;  // not 16-byte aligned
+  EXPECT_THROW(gemm(a, 0), tilelink::Error);
+  a = ok(), a.m = 300, a.n = 776, a.k = 1024, a.num_sms = 8;  // splits 4 of 12 tiles
+  a.workspace = p, a.workspace_bytes = gemm_workspace_bytes(a) - 16;
+  EXPECT_THROW(gemm(a, 0), tilelink::Error);
+  try {
+    gemm(a, 0);
+  } catch (const tilelink::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace is too small"), std::string::npos) << e.what();
+  }
+  a.workspace = static_cast<char*>(p) + 8, a.workspace_bytes = 1 << 19;  // not 16-byte aligned
   EXPECT_THROW(gemm(a, 0), tilelink::Error);
   try {
     a = ok(), a.n = 12;

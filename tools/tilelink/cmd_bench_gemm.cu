@@ -170,6 +170,7 @@ int bench_gemm(Args& args) {
   const bool trace_batches = std::getenv("TILELINK_CLI_TRACE") != nullptr;
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
   const bool plain = args.flag("--plain");  // the engine and cuBLAS only (quick engine sweeps)
+  const bool no_split = args.flag("--no-split");  // no workspace: the last wave is never split
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
   const bool hooks_on = in == DType::kBF16 && out == DType::kBF16 && !plain;
@@ -180,11 +181,14 @@ int bench_gemm(Args& args) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup %d%s%s\n",
-              prop.name, sms, l2 >> 20, sm90::kTileM, sm90::kTileN, sm90::kTileK, num_sms ? num_sms : sms,
-              std::string(dtype_name(in)).c_str(), std::string(dtype_name(out)).c_str(), reps, warmup,
-              hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "",
-              warm_code ? "; each timed launch after an untimed one of the same variant (--warm-code)" : "");
+  std::printf(
+      "# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup "
+      "%d%s%s%s\n",
+      prop.name, sms, l2 >> 20, sm90::kTileM, sm90::kTileN, sm90::kTileK, num_sms ? num_sms : sms,
+      std::string(dtype_name(in)).c_str(), std::string(dtype_name(out)).c_str(), reps, warmup,
+      hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "",
+      warm_code ? "; each timed launch after an untimed one of the same variant (--warm-code)" : "",
+      no_split ? "; the last wave never split (--no-split)" : "");
 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -236,6 +240,14 @@ int bench_gemm(Args& args) {
     sm90::GemmArgs ga;
     ga.a = a, ga.b = b, ga.c = c, ga.m = m, ga.n = n, ga.k = k;
     ga.in_type = in, ga.out_type = out, ga.num_sms = num_sms, ga.group_m = group_m;
+    // The split last wave's workspace (zero-filled once; every launch leaves it so).
+    void* split_ws = nullptr;
+    if (!no_split && sm90::gemm_workspace_bytes(ga) > 0) {
+      ga.workspace_bytes = sm90::gemm_workspace_bytes(ga);
+      CK(cudaMalloc(&split_ws, ga.workspace_bytes));
+      CK(cudaMemset(split_ws, 0, ga.workspace_bytes));
+      ga.workspace = split_ws;
+    }
     BenchHooks hooks;
     hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = grid.tiles_n(), hooks.epoch = 1;
     BenchHooks wait_only = hooks, notify_only = hooks;
@@ -450,6 +462,7 @@ int bench_gemm(Args& args) {
     CK(cudaFree(c_blas));
     CK(cudaFree(wait_sig));
     CK(cudaFree(notify_sig));
+    CK(cudaFree(split_ws));
   }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
@@ -485,13 +498,15 @@ int bench_gemm(Args& args) {
 
 }  // namespace
 
-TILELINK_REGISTER_COMMAND({"bench gemm",
-                           "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
-                           "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] [--sustained-ms T] [--plain] [--no-verify] "
-                           "[--csv]",
-                           "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
-                           "against a float32 reference",
-                           &bench_gemm,
-                           {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain"}});
+TILELINK_REGISTER_COMMAND(
+    {"bench gemm",
+     "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
+     "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
+     "[--sustained-ms T] [--plain] [--no-split] [--no-verify] "
+     "[--csv]",
+     "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
+     "against a float32 reference",
+     &bench_gemm,
+     {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain", "--no-split"}});
 
 }  // namespace tilelink::cli

@@ -61,13 +61,36 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks) {
   return o;
 }
 
-int gemm_num_blocks(const GemmArgs& args) {
+namespace {
+
+// The SM count a launch may use (num_sms checked), and the tiles it would split with a workspace.
+int resolved_sms(const GemmArgs& args) {
   const DeviceInfo d = current_device();
   TL_REQUIRE(args.num_sms >= 0 && args.num_sms <= d.sms,
              "sm90 gemm: num_sms must be in [0, " << d.sms << "] (0 = all SMs), got " << args.num_sms);
-  const int sms = args.num_sms == 0 ? d.sms : args.num_sms;
-  const int64_t tiles = gemm_tile_grid(args.m, args.n).num_tiles();
-  return static_cast<int>(tiles < sms ? (tiles < 1 ? 1 : tiles) : sms);
+  return args.num_sms == 0 ? d.sms : args.num_sms;
+}
+
+int64_t splittable_tiles(const GemmArgs& args, int sms) {
+  return gemm_split_tiles(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k);
+}
+
+}  // namespace
+
+GemmWork gemm_work(const GemmArgs& args) {
+  const int sms = resolved_sms(args);
+  GemmWork w;
+  w.tiles = gemm_tile_grid(args.m, args.n).num_tiles();
+  w.split_tiles = args.workspace != nullptr ? splittable_tiles(args, sms) : 0;
+  const int64_t units = w.tiles + w.split_tiles;
+  w.blocks = static_cast<int>(units < sms ? (units < 1 ? 1 : units) : sms);
+  return w;
+}
+
+int gemm_num_blocks(const GemmArgs& args) { return gemm_work(args).blocks; }
+
+int64_t gemm_workspace_bytes(const GemmArgs& args) {
+  return gemm_split_workspace_bytes(splittable_tiles(args, resolved_sms(args)));
 }
 
 void gemm_check(const GemmArgs& a) {
@@ -108,6 +131,14 @@ void gemm_check(const GemmArgs& a) {
              "sm90 gemm: needs an sm_90 GPU (H100/H200), the current device is sm_" << d.major << d.minor);
   TL_REQUIRE(a.num_sms >= 0 && a.num_sms <= d.sms,
              "sm90 gemm: num_sms must be in [0, " << d.sms << "] (0 = all SMs), got " << a.num_sms);
+  if (a.workspace != nullptr) {
+    TL_REQUIRE(aligned(a.workspace, 16), "sm90 gemm: the workspace must be 16-byte aligned");
+    const int64_t need = gemm_workspace_bytes(a);
+    TL_REQUIRE(a.workspace_bytes >= need, "sm90 gemm: the workspace is too small for "
+                                              << a.m << "x" << a.n << "x" << a.k << ": "
+                                              << a.workspace_bytes << " bytes given, " << need
+                                              << " needed (gemm_workspace_bytes)");
+  }
 }
 
 void gemm(const GemmArgs& args, cudaStream_t stream) {

@@ -41,6 +41,14 @@
 //   parameter itself (constant memory); otherwise each warp calls them on its own copy (registers,
 //   or local memory for arrays indexed at run time: keep big hooks const).
 //
+// The last wave, split (GemmArgs::workspace): when the tiles leave a last wave at most half full
+// (tiles % blocks <= blocks / 2; a grid of fewer tiles than half the SMs is such a wave), each of
+// that wave's tiles is computed as two halves of K by two blocks. The first half to finish writes
+// its fp32 accumulators to the workspace; the second adds them to its own and runs the epilogue
+// (and the notify hook) once for the tile. Both halves call the wait hook. The sum of two halves
+// does not depend on which finishes first, so results are deterministic. Without a workspace the
+// engine never splits.
+//
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
 #pragma once
@@ -63,6 +71,13 @@ inline constexpr int kTileM = 128;
 inline constexpr int kTileN = 256;
 inline constexpr int kTileK = 64;
 
+// Where the engine reports one of its own waits that timed out (the split last wave's, see above)
+// before it traps: host-mapped memory (cudaHostAllocMapped), readable after the trap.
+struct GemmStallReport {
+  int flag = 0;  // 1 once written
+  int tile_m = 0, tile_n = 0;
+};
+
 struct GemmArgs {
   const void* a = nullptr;  // [m, k], row stride lda
   const void* b = nullptr;  // [n, k], row stride ldb
@@ -83,6 +98,12 @@ struct GemmArgs {
   // from its input instead of copying them into the gathered buffer first.
   const void* a_alt = nullptr;
   int64_t a_alt_row0 = 0, a_alt_rows = 0, lda_alt = 0;
+  // Device memory for the split last wave (see above), at least gemm_workspace_bytes(args) bytes,
+  // 16-byte aligned, zero-filled before its first use; every launch leaves it zero-filled again.
+  // One launch at a time per workspace. nullptr: no split.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  GemmStallReport* stall_report = nullptr;  // optional, host-mapped
 };
 
 // The output tile grid of a problem (the shape mapping of the engine's tiles).
@@ -96,8 +117,40 @@ int gemm_default_group_m(int64_t m, int64_t n, int num_blocks);
 // The tile order the engine walks for these arguments (after defaults are resolved).
 TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
 
-// Number of persistent blocks a launch with these arguments uses (min(num_sms, tiles)); checks num_sms.
+// The split last wave: how many tiles of a grid of `tiles` on `blocks` persistent blocks are split
+// in two halves of K (the last wave's, when it is at most half full and K has at least
+// kSplitMinKTiles k-blocks), 0 for none.
+inline constexpr int64_t kSplitMinKTiles = 8;
+TL_HD inline int64_t gemm_split_tiles(int64_t tiles, int blocks, int64_t k) {
+  const int64_t tail = tiles % blocks;
+  const bool long_k = (k + kTileK - 1) / kTileK >= kSplitMinKTiles;
+  return tail > 0 && 2 * tail <= blocks && long_k ? tail : 0;
+}
+// Workspace of a split: a 16-byte flag record per split tile, then its fp32 partial tile.
+inline constexpr int64_t kSplitFlagsBytes = 16;
+inline constexpr int64_t kSplitPartialBytes = int64_t{kTileM} * kTileN * 4;
+TL_HD inline int64_t gemm_split_flags_bytes(int64_t split_tiles) {
+  return (split_tiles * kSplitFlagsBytes + 255) / 256 * 256;
+}
+TL_HD inline int64_t gemm_split_workspace_bytes(int64_t split_tiles) {
+  return split_tiles > 0 ? gemm_split_flags_bytes(split_tiles) + split_tiles * kSplitPartialBytes
+                         : 0;
+}
+
+// How a launch with these arguments spreads its work: tiles, the tiles split in two (only with a
+// workspace), and blocks = min(SMs, tiles + split_tiles). Checks num_sms.
+struct GemmWork {
+  int64_t tiles = 0, split_tiles = 0;
+  int blocks = 1;
+};
+GemmWork gemm_work(const GemmArgs& args);
+
+// Number of persistent blocks a launch with these arguments uses (gemm_work(args).blocks).
 int gemm_num_blocks(const GemmArgs& args);
+
+// Workspace bytes these arguments' launch would use to split its last wave (whether or not
+// args.workspace is set), 0 where it would not split.
+int64_t gemm_workspace_bytes(const GemmArgs& args);
 
 // Whether a launch takes the engine's TMA-store configuration: a 16-bit output with at least two
 // tiles a block. Its consumers write each tile to shared memory and the store warp copies it to C

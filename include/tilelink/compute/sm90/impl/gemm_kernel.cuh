@@ -17,6 +17,7 @@
 
 #include <type_traits>
 
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -97,6 +98,7 @@ struct TileStoredRing {
   uint64_t full[kSlots];
   uint64_t empty[kSlots];
   uint64_t c_tile_free;  // TMA store path: the store warp has read the tile out of shared memory
+  uint32_t skip[kSlots];  // the split last wave: 1 if the consumers left the tile to the other half
 };
 
 // Hooks whose calls (those their flags enable) are const run on the kernel parameter itself
@@ -123,6 +125,7 @@ struct SharedStorage {
   typename Cfg::Mainloop::TensorStorage tensors;
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
   alignas(16) TileStoredRing stored;
+  uint32_t split_arrival;  // the split last wave: which half of its tile this block finished
   // The TMA store path's tile (kTmaTileBytes), or the staged path's per-warp buffers
   // (kStageBytesPerWarp each): one launch uses one of them.
   alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
@@ -149,6 +152,12 @@ struct KernelParams : AltSource<Cfg, kAltA> {
   bool tma_store = false;     // ... and C local, 16-bit: the TMA store path (c_map)
   CUtensorMap c_map;  // C, boxes of 64 columns x 128 rows, 128-byte swizzle (tma_store only)
   TileOrder order;
+  // The split last wave (gemm.hpp): order.at(i) for i >= order.count() - split_tiles is computed as
+  // two halves of K (work_unit).
+  int split_tiles = 0;
+  uint32_t* split_flags = nullptr;   // [split_tiles][4]: arrivals, partial ready, 2 spare
+  float4* split_partials = nullptr;  // [split_tiles][kTileM * kTileN / 4], fp32
+  GemmStallReport* stall_report = nullptr;
   Hooks hooks;
 };
 
@@ -158,6 +167,79 @@ struct PersistentWalk {
   TL_HD int num_local() const { return first < count ? (count - first + stride - 1) / stride : 0; }
   TL_HD int global(int j) const { return first + j * stride; }
 };
+
+// One unit of the walk: a whole tile, or one half of K of a split tile.
+struct WorkUnit {
+  TileCoord tile;
+  int k_begin, k_count;  // k-blocks
+  int split;             // the tile's slot in the split workspace; -1: a whole tile
+};
+
+// Units 0 .. order.count() - split_tiles - 1 are whole tiles in the order; each later tile is two
+// units, its first and second half of K.
+template <bool kSplit, class P>
+TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
+  if constexpr (!kSplit) return {p.order.at(u), 0, k_tiles, -1};
+  const int whole = p.order.count() - p.split_tiles;
+  if (u < whole) return {p.order.at(u), 0, k_tiles, -1};
+  const int slot = (u - whole) >> 1, second = (u - whole) & 1, half = k_tiles / 2;
+  return {p.order.at(whole + slot), second ? half : 0, second ? k_tiles - half : half, slot};
+}
+
+// The two halves of a split tile meet (all 256 consumer threads, after their MMAs). The first to
+// arrive writes its accumulators to the tile's partial and returns false; the second waits for
+// them, adds them to its own and returns true: it stores the tile. The second waits only for a
+// block that has already arrived and has nothing left to wait for, so the bound is for faults; it
+// reports the tile to p.stall_report (if set) and traps.
+template <class P, class Accum>
+TL_DEVICE bool meet_split_halves(const P& p, const WorkUnit& unit, Accum& accum, int t,
+                                 uint32_t* arrival) {
+  using cutlass::arch::NamedBarrier;
+  constexpr auto kBarrier = cutlass::arch::ReservedNamedBarriers::StreamkBarrier0;
+  constexpr int kVecs = decltype(cute::size(accum))::value / 4;
+  static_assert(kVecs * 4 * 256 == kTileM * kTileN);
+  uint32_t* flags = p.split_flags + 4 * unit.split;
+  // this thread's column of the partial: element i at mine[i * 256], an immediate offset
+  float4* mine = p.split_partials + int64_t{unit.split} * (kTileM * kTileN / 4) + t;
+  if (t == 0) *arrival = atomicAdd(&flags[0], 1u);
+  NamedBarrier::sync(256, kBarrier);
+  if (*arrival == 0) {
+    CUTE_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      mine[i * 256] =
+          make_float4(accum(4 * i), accum(4 * i + 1), accum(4 * i + 2), accum(4 * i + 3));
+    }
+    NamedBarrier::sync(256, kBarrier);  // every thread's stores before thread 0's release
+    if (t == 0)
+      ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(flags[1]).store(
+          1, ::cuda::memory_order_release);
+    return false;
+  }
+  if (t == 0) {
+    ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> ready(flags[1]);
+    for (long long polls = 0; ready.load(::cuda::memory_order_acquire) == 0; ++polls) {
+      if (polls == (1ll << 26)) {
+        if (p.stall_report != nullptr) {
+          volatile GemmStallReport* r = p.stall_report;
+          r->tile_m = unit.tile.m, r->tile_n = unit.tile.n;
+          __threadfence_system();
+          r->flag = 1;
+          __threadfence_system();
+        }
+        __trap();
+      }
+      __nanosleep(32);
+    }
+    flags[0] = 0, flags[1] = 0;  // zero again for the next launch (stream-ordered after this one)
+  }
+  NamedBarrier::sync(256, kBarrier);  // thread 0's acquire before every thread's loads
+  CUTE_UNROLL
+  for (int i = 0; i < kVecs; ++i) {
+    const float4 v = __ldcg(&mine[i * 256]);
+    accum(4 * i) += v.x, accum(4 * i + 1) += v.y, accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+  }
+  return true;
+}
 
 // Timeline marks, for bench/diag/gemm_timeline.cu only: a translation unit that defines
 // TL_GEMM_TIMELINE (and the tl_gemm_timeline_* functions) before including this header gets per-block
@@ -178,7 +260,9 @@ TL_DEVICE TL_INLINE void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-template <class Cfg, class Hooks, bool kAltA>
+// kSplit: the instance for launches that split their last wave (gemm.hpp); the others compile
+// without any of it.
+template <class Cfg, class Hooks, bool kAltA, bool kSplit>
 __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     gemm_kernel(CUTE_GRID_CONSTANT const KernelParams<Cfg, Hooks, kAltA> p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -231,7 +315,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   }
 
   const TileGrid grid = gemm_tile_grid(p.m, p.n);
-  const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), p.order.count()};
+  const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                            p.order.count() + (kSplit ? p.split_tiles : 0)};
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
   // setup) measured slower, not faster (bench/notes/gemm.md, run 4): the load warp waits below.
   __syncthreads();
@@ -251,7 +336,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
       if (cute::elect_one_sync()) TL_GEMM_MARK(1);
       for (int j = 0; j < walk.num_local(); ++j) {
-        const TileCoord tile = p.order.at(walk.global(j));
+        const WorkUnit unit = work_unit<kSplit>(p, walk.global(j), k_tiles);
+        const TileCoord tile = unit.tile;
         if (j == 0 && cute::elect_one_sync()) TL_GEMM_MARK(14);
         [[maybe_unused]] const long long t_wait = TL_GEMM_CLOCK();
         if constexpr (Hooks::kWaits) {
@@ -262,7 +348,14 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         }
         if (j == 0 && cute::elect_one_sync()) TL_GEMM_MARK(2);
         if (j > 0 && cute::elect_one_sync()) TL_GEMM_MARK_ADD(3, TL_GEMM_CLOCK() - t_wait);
-        auto k_tile_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
+        auto k_tile_iter = [&] {
+          if constexpr (kSplit) {
+            return cute::make_coord_iterator(idx2crd(unit.k_begin, shape<3>(gA_mkl)),
+                                             shape<3>(gA_mkl));
+          } else {
+            return cute::make_coord_iterator(shape<3>(gA_mkl));
+          }
+        }();
         bool from_alt = false;
         if constexpr (kAltA) {
           from_alt = tile.m >= p.alt_tile0 && tile.m < p.alt_tile0 + p.alt_tiles;
@@ -271,15 +364,16 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
             // second set of tensors kept live spilled ~1.4 KiB to local memory.
             auto load_inputs_alt = mainloop.load_init(make_shape(p.alt_rows, p.n, p.k, 1), p.mainloop_alt);
             mainloop.load(p.mainloop_alt, pipeline, write_state, load_inputs_alt,
-                          make_coord(tile.m - p.alt_tile0, tile.n, _, 0), k_tile_iter, k_tiles,
+                          make_coord(tile.m - p.alt_tile0, tile.n, _, 0), k_tile_iter, unit.k_count,
                           cutlass::canonical_lane_idx(), 0u, shared.tensors);
           }
         }
         if (!from_alt) {
-          mainloop.load(p.mainloop, pipeline, write_state, load_inputs, make_coord(tile.m, tile.n, _, 0), k_tile_iter,
-                        k_tiles, cutlass::canonical_lane_idx(), 0u, shared.tensors);
+          mainloop.load(p.mainloop, pipeline, write_state, load_inputs,
+                        make_coord(tile.m, tile.n, _, 0), k_tile_iter, unit.k_count,
+                        cutlass::canonical_lane_idx(), 0u, shared.tensors);
         }
-        write_state.advance(k_tiles);
+        write_state.advance(unit.k_count);
       }
       mainloop.load_tail(pipeline, write_state);
       if (cute::elect_one_sync()) TL_GEMM_MARK(12);
@@ -295,9 +389,12 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           const uint32_t phase = (j / TileStoredRing::kSlots) & 1;
           Barrier::wait(&shared.stored.full[slot], phase);
           if (j + 1 == walk.num_local()) TL_GEMM_MARK(7);
-          const TileCoord tile = p.order.at(walk.global(j));
+          const TileCoord tile = work_unit<kSplit>(p, walk.global(j), k_tiles).tile;
+          const bool skip = kSplit && shared.stored.skip[slot] != 0;  // the other half stores it
           if constexpr (Cfg::kTmaStore) {
-            if (p.tma_store) {
+            if (p.tma_store && skip) {
+              Barrier::arrive(&shared.stored.c_tile_free);  // one arrive per unit, as below
+            } else if (p.tma_store) {
               // The box clips at C's edges: a ragged tile writes only its region.
               namespace ptx = ::cuda::ptx;
               for (int chunk = 0; chunk < kTileN / kTmaChunkCols; ++chunk) {
@@ -314,7 +411,9 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
               }
             }
           }
-          if constexpr (Hooks::kNotifies) hooks.after_tile_stored(tile, grid.region(tile));
+          if constexpr (Hooks::kNotifies) {
+            if (!skip) hooks.after_tile_stored(tile, grid.region(tile));
+          }
           if (j + 1 == walk.num_local()) TL_GEMM_MARK(8);
           Barrier::arrive(&shared.stored.empty[slot]);
         }
@@ -328,12 +427,20 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     const int mma_thread_idx = thread_idx - 128;
     PipelineState read_state;
     if (thread_idx == 128) TL_GEMM_MARK(4);
-    for (int j = 0; j < walk.num_local(); ++j) {
-      const TileCoord tile = p.order.at(walk.global(j));
+    // One unit; kMeet: the block's last unit, half of a split tile. NOTE: the split meeting is a
+    // separate instance after the loop: inside the loop body it raised the register pressure
+    // enough to spill the pipeline state in the mainloop (cuobjdump -sass).
+    auto run_unit = [&]<bool kMeet>(int j) {
+      const WorkUnit unit = work_unit<kSplit>(p, walk.global(j), k_tiles);
+      const TileCoord tile = unit.tile;
       auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));  // (MMA, MMA_M, MMA_N)
-      mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread_idx, shared.tensors, p.mainloop);
-      mainloop.mma_tail(pipeline, read_state, k_tiles);
-      read_state.advance(k_tiles);
+      mainloop.mma(pipeline, read_state, accum, unit.k_count, mma_thread_idx, shared.tensors,
+                   p.mainloop);
+      mainloop.mma_tail(pipeline, read_state, unit.k_count);
+      read_state.advance(unit.k_count);
+      bool stores = true;
+      if constexpr (kMeet)
+        stores = meet_split_halves(p, unit, accum, mma_thread_idx, &shared.split_arrival);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
       auto store_from_registers = [&] {
@@ -348,15 +455,19 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       };
       if constexpr (Cfg::kTmaStore) {
         if (p.tma_store) {
+          // NOTE: also for a unit that stores nothing: the store warp arrives once per unit, and
+          // a parity wait must not fall two phases behind.
           if (j > 0) Barrier::wait(&shared.stored.c_tile_free, (j - 1) & 1);  // tile j-1 read out
-          stage_tile_for_tma<typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
-                                                       shared.epilogue);
-          // for the store warp's TMA, after the arrive below
-          ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
-        } else {
+          if (stores) {
+            stage_tile_for_tma<typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
+                                                         shared.epilogue);
+            // for the store warp's TMA, after the arrive below
+            ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
+          }
+        } else if (stores) {
           store_from_registers();
         }
-      } else {
+      } else if (stores) {
         store_from_registers();
       }
       if (j + 1 == walk.num_local() && thread_idx == 128) TL_GEMM_MARK(6);
@@ -371,8 +482,20 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         if (j >= TileStoredRing::kSlots) {
           Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
         }
+        if constexpr (kSplit) {
+          if (mma_thread_idx == 0) shared.stored.skip[slot] = stores ? 0u : 1u;
+        }
         Barrier::arrive(&shared.stored.full[slot]);
       }
+    };
+    if constexpr (kSplit) {
+      const int units = walk.num_local();
+      const bool meets =
+          units > 0 && work_unit<kSplit>(p, walk.global(units - 1), k_tiles).split >= 0;
+      for (int j = 0; j < units - (meets ? 1 : 0); ++j) run_unit.template operator()<false>(j);
+      if (meets) run_unit.template operator()<true>(units - 1);
+    } else {
+      for (int j = 0; j < walk.num_local(); ++j) run_unit.template operator()<false>(j);
     }
   }
 #endif
@@ -418,8 +541,8 @@ template <> inline constexpr DType kDTypeOf<__nv_bfloat16> = DType::kBF16;
 template <> inline constexpr DType kDTypeOf<__half> = DType::kF16;
 
 // Builds the TMA descriptors and launches the engine in configuration Cfg (arguments checked).
-template <class Cfg, class Hooks, bool kAltA>
-void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, int num_blocks,
+template <class Cfg, class Hooks, bool kAltA, bool kSplit>
+void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork& work,
                         cudaStream_t stream) {
   using namespace cute;
   using ElementIn = typename Cfg::ElementIn;
@@ -465,10 +588,18 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, int num_blocks
     p.tma_store = p.staged_store && is_local_device_memory(args.c);
     if (p.tma_store) encode_c_tensor_map<ElementOut>(&p.c_map, args.c, args.m, args.n, p.ldc);
   }
+  const int num_blocks = work.blocks;
   p.order = gemm_tile_order(args, num_blocks);
+  p.split_tiles = static_cast<int>(work.split_tiles);
+  if (work.split_tiles > 0) {
+    auto* ws = static_cast<uint8_t*>(args.workspace);
+    p.split_flags = reinterpret_cast<uint32_t*>(ws);
+    p.split_partials = reinterpret_cast<float4*>(ws + gemm_split_flags_bytes(work.split_tiles));
+  }
+  p.stall_report = args.stall_report;
   p.hooks = hooks;
 
-  auto* kernel = &gemm_kernel<Cfg, Hooks, kAltA>;
+  auto* kernel = &gemm_kernel<Cfg, Hooks, kAltA, kSplit>;
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Cfg>);
   // NOTE: on every launch, not once per process: the attribute belongs to the kernel as loaded in the
   // current context, and a virtual world runs each rank in its own green context. Set once, it made
@@ -499,17 +630,22 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   TL_REQUIRE(kAltA || args.a_alt == nullptr,
              "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   if (args.m == 0) return;  // nothing to compute; hooks are not called
-  const int num_blocks = gemm_num_blocks(args);
+  const GemmWork work = gemm_work(args);
+  auto launch = [&]<bool kTmaStore>() {
+    using Cfg = detail::GemmConfig<ElementIn, ElementOut, kTmaStore>;
+    if (work.split_tiles > 0) {
+      detail::launch_gemm_config<Cfg, Hooks, kAltA, true>(args, hooks, work, stream);
+    } else {
+      detail::launch_gemm_config<Cfg, Hooks, kAltA, false>(args, hooks, work, stream);
+    }
+  };
   if constexpr (sizeof(ElementOut) == 2) {
-    if (gemm_tma_store_config(args.out_type, gemm_tile_grid(args.m, args.n).num_tiles(),
-                              num_blocks)) {
-      detail::launch_gemm_config<detail::GemmConfig<ElementIn, ElementOut, true>, Hooks, kAltA>(
-          args, hooks, num_blocks, stream);
+    if (gemm_tma_store_config(args.out_type, work.tiles, work.blocks)) {
+      launch.template operator()<true>();
       return;
     }
   }
-  detail::launch_gemm_config<detail::GemmConfig<ElementIn, ElementOut, false>, Hooks, kAltA>(
-      args, hooks, num_blocks, stream);
+  launch.template operator()<false>();
 }
 
 }  // namespace tilelink::compute::sm90
