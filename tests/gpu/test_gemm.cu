@@ -200,7 +200,7 @@ struct SplitWorkspace {
     CK(cudaMalloc(&p, std::max<int64_t>(bytes, 16)));
     CK(cudaMemset(p, 0, std::max<int64_t>(bytes, 16)));
     args.workspace = p, args.workspace_bytes = bytes;
-    split = gemm_work(args).split_tiles;
+    split = gemm_work(args).split.tiles;
   }
   ~SplitWorkspace() {
     std::vector<uint32_t> flags(split * kSplitFlagsBytes / 4);
@@ -211,8 +211,8 @@ struct SplitWorkspace {
   }
 };
 
-// The split last wave: tails of 1..8 tiles split in two halves of K (ragged, odd k-block counts),
-// a grid smaller than half the SMs, both configurations, every dtype pair, strided and unaligned C,
+// The split last wave: tails of 1..8 tiles split in 2, 3 or 4 parts of K (ragged, uneven parts),
+// grids smaller than half the SMs, both configurations, every dtype pair, strided and unaligned C,
 // kReduceAdd; each case twice on the same workspace (which every launch must leave zero-filled).
 TEST(Sm90Gemm, SplitLastWave) {
   struct Case {
@@ -232,34 +232,53 @@ TEST(Sm90Gemm, SplitLastWave) {
       {shape(300, 776, 1024, DType::kF16, DType::kF32), 8},
       {shape(1000, 1032, 520), 13, true},  // kReduceAdd
       {shape(300, 776, 1024), 8, true},
+      {shape(17, 264, 8192), 8},    // 2 tiles on 8 blocks: 4 parts
+      {shape(300, 776, 6144), 40},  // 12 tiles on 40 blocks: 3 parts
+      {shape(129, 776, 6152), 24},  // 8 on 24: 3 parts of 32, 32 and 33 k-blocks, ragged K
+      {shape(300, 768, 8192), 4},   // 9 on 4: 1 tile in 4 parts, TMA-store configuration
+      {shape(17, 264, 8192, DType::kBF16, DType::kF32), 8},
+      {shape(1000, 1032, 1000, DType::kF16, DType::kF32), 16},
+      {shape(300, 776, 6144), 40, true},  // kReduceAdd, 3 parts
   };
   cases.push_back({shape(300, 264, 1024), 4});  // strided operands and output
   cases.back().args.lda = 1032, cases.back().args.ldb = 1040, cases.back().args.ldc = 280;
   cases.push_back(cases.back());
   cases.back().args.ldc = 276;  // rows not 16-byte aligned
-  int split_cases = 0;
+  int split_cases = 0, many_parts = 0;
   for (Case& c : cases) {
     c.args.num_sms = c.sms;
     SCOPED_TRACE(::testing::Message() << c.args.m << "x" << c.args.n << "x" << c.args.k << " on "
                                       << c.sms << " blocks" << (c.reduce ? ", reduce" : ""));
     SplitWorkspace ws(c.args);
     const GemmWork w = gemm_work(c.args);
-    EXPECT_EQ(w.split_tiles, gemm_split_tiles(w.tiles, c.sms, c.args.k));
-    EXPECT_EQ(w.blocks, std::min<int64_t>(c.sms, w.tiles + w.split_tiles));
-    split_cases += w.split_tiles > 0;
+    const GemmSplit rule = gemm_split(w.tiles, c.sms, c.args.k);
+    EXPECT_EQ(w.split.tiles, rule.tiles);
+    EXPECT_EQ(w.split.parts, rule.parts);
+    EXPECT_EQ(w.blocks, std::min<int64_t>(c.sms, w.tiles + (w.split.parts - 1) * w.split.tiles));
+    split_cases += w.split.tiles > 0;
+    many_parts += w.split.parts > 2;
     for (int rep = 0; rep < 2; ++rep) run_and_check(c.args, c.reduce);
   }
   EXPECT_EQ(split_cases, static_cast<int>(cases.size()) - 1);  // all but the control split
-  // The rule: at most half a wave, and at least kSplitMinKTiles k-blocks.
-  EXPECT_EQ(gemm_split_tiles(192, 132, 8192), 60);
-  EXPECT_EQ(gemm_split_tiles(64, 132, 8192), 64);
-  EXPECT_EQ(gemm_split_tiles(2048, 132, 8192), 0);  // 68 > 66
-  EXPECT_EQ(gemm_split_tiles(264, 132, 8192), 0);   // whole waves
-  EXPECT_EQ(gemm_split_tiles(192, 132, 448), 0);    // 7 k-blocks
+  EXPECT_EQ(many_parts, 6);
+  // The rule: at most half a wave, at least kSplitMinKTiles k-blocks, more than two parts only
+  // with kSplitMinPartKTiles k-blocks each.
+  auto split = [](int64_t tiles, int blocks, int64_t k) {
+    const GemmSplit s = gemm_split(tiles, blocks, k);
+    return std::pair<int64_t, int>{s.tiles, s.parts};
+  };
+  EXPECT_EQ(split(192, 132, 8192), (std::pair<int64_t, int>{60, 2}));
+  EXPECT_EQ(split(64, 132, 8192), (std::pair<int64_t, int>{64, 2}));
+  EXPECT_EQ(split(32, 132, 8192), (std::pair<int64_t, int>{32, 4}));
+  EXPECT_EQ(split(32, 132, 4096), (std::pair<int64_t, int>{32, 2}));
+  EXPECT_EQ(split(24, 132, 6144), (std::pair<int64_t, int>{24, 3}));
+  EXPECT_EQ(split(2048, 132, 8192), (std::pair<int64_t, int>{0, 1}));  // 68 > 66
+  EXPECT_EQ(split(264, 132, 8192), (std::pair<int64_t, int>{0, 1}));   // whole waves
+  EXPECT_EQ(split(192, 132, 448), (std::pair<int64_t, int>{0, 1}));    // 7 k-blocks
   // No workspace: no split.
   GemmArgs plain = shape(300, 776, 1024);
   plain.num_sms = 8;
-  EXPECT_EQ(gemm_work(plain).split_tiles, 0);
+  EXPECT_EQ(gemm_work(plain).split.tiles, 0);
   EXPECT_EQ(gemm_work(plain).blocks, 8);
   EXPECT_GT(gemm_workspace_bytes(plain), 0);
 }
@@ -386,13 +405,18 @@ TEST(Sm90GemmHooks, SignalsSetEveryTileNotifiedOnce) {
   HookRun r = run_with_hooks(a, false, 7);
   std::set<int> t(r.tickets.begin(), r.tickets.end());
   EXPECT_EQ(t.size(), r.tickets.size());  // each tile notified exactly once (distinct tickets)
-  a.num_sms = 13;                         // 40 tiles: the last one split
-  SplitWorkspace ws(a);
-  ASSERT_EQ(gemm_work(a).split_tiles, 1);
-  r = run_with_hooks(a, false, 8);
-  t = std::set<int>(r.tickets.begin(), r.tickets.end());
-  EXPECT_EQ(t.size(), r.tickets.size());
-  EXPECT_EQ(*t.rbegin(), static_cast<int>(r.tickets.size()) - 1);  // 40 notifies, no more
+  // Split last waves: only the part that stores a tile notifies it.
+  for (auto [m, n, k, sms, parts] : {std::tuple{1000, 1032, 520, 13, 2}, {300, 768, 8192, 4, 4}}) {
+    GemmArgs s = shape(m, n, k);
+    s.num_sms = sms;
+    SplitWorkspace ws(s);
+    ASSERT_EQ(gemm_work(s).split.tiles, 1);
+    ASSERT_EQ(gemm_work(s).split.parts, parts);
+    r = run_with_hooks(s, false, 8);
+    t = std::set<int>(r.tickets.begin(), r.tickets.end());
+    EXPECT_EQ(t.size(), r.tickets.size());
+    EXPECT_EQ(*t.rbegin(), static_cast<int>(r.tickets.size()) - 1);  // one notify a tile, no more
+  }
 }
 
 TEST(Sm90GemmHooks, OneBlockFollowsTileOrder) {
@@ -445,7 +469,7 @@ TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
     std::optional<SplitWorkspace> ws;
     if (split) {
       ws.emplace(a);
-      ASSERT_GT(gemm_work(a).split_tiles, 0);
+      ASSERT_GT(gemm_work(a).split.tiles, 0);
     }
     const TileGrid g = gemm_tile_grid(a.m, a.n);
     const int tiles = static_cast<int>(g.num_tiles());
@@ -504,8 +528,8 @@ TEST(Sm90GemmHooks, WaitHoldsLoadsUntilProducerReleases) {
   GemmArgs a = shape(1000, 1032, 1024);
   a.num_sms = sms - 8;  // leave room for the producer kernel
   run_with_hooks(a, true, 3);
-  SplitWorkspace ws(a);  // 40 tiles on under half the SMs: every tile split, both halves wait
-  ASSERT_EQ(gemm_work(a).split_tiles, 40);
+  SplitWorkspace ws(a);  // 40 tiles on under half the SMs: every tile split, every part waits
+  ASSERT_EQ(gemm_work(a).split.tiles, 40);
   run_with_hooks(a, true, 5);
 }
 

@@ -71,8 +71,8 @@ int resolved_sms(const GemmArgs& args) {
   return args.num_sms == 0 ? d.sms : args.num_sms;
 }
 
-int64_t splittable_tiles(const GemmArgs& args, int sms) {
-  return gemm_split_tiles(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k);
+GemmSplit possible_split(const GemmArgs& args, int sms) {
+  return gemm_split(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k);
 }
 
 }  // namespace
@@ -81,8 +81,8 @@ GemmWork gemm_work(const GemmArgs& args) {
   const int sms = resolved_sms(args);
   GemmWork w;
   w.tiles = gemm_tile_grid(args.m, args.n).num_tiles();
-  w.split_tiles = args.workspace != nullptr ? splittable_tiles(args, sms) : 0;
-  const int64_t units = w.tiles + w.split_tiles;
+  if (args.workspace != nullptr) w.split = possible_split(args, sms);
+  const int64_t units = w.tiles + (w.split.parts - 1) * w.split.tiles;
   w.blocks = static_cast<int>(units < sms ? (units < 1 ? 1 : units) : sms);
   return w;
 }
@@ -90,7 +90,7 @@ GemmWork gemm_work(const GemmArgs& args) {
 int gemm_num_blocks(const GemmArgs& args) { return gemm_work(args).blocks; }
 
 int64_t gemm_workspace_bytes(const GemmArgs& args) {
-  return gemm_split_workspace_bytes(splittable_tiles(args, resolved_sms(args)));
+  return gemm_split_workspace_bytes(possible_split(args, resolved_sms(args)));
 }
 
 void gemm_check(const GemmArgs& a) {

@@ -43,11 +43,12 @@
 //
 // The last wave, split (GemmArgs::workspace): when the tiles leave a last wave at most half full
 // (tiles % blocks <= blocks / 2; a grid of fewer tiles than half the SMs is such a wave), each of
-// that wave's tiles is computed as two halves of K by two blocks. The first half to finish writes
-// its fp32 accumulators to the workspace; the second adds them to its own and runs the epilogue
-// (and the notify hook) once for the tile. Both halves call the wait hook. The sum of two halves
-// does not depend on which finishes first, so results are deterministic. Without a workspace the
-// engine never splits.
+// that wave's tiles is computed in parts of K (2 to 4, gemm_split) by as many blocks. Each part but
+// the last to finish writes its fp32 accumulators to the workspace; the last adds them and runs
+// the epilogue (and the notify hook) once for the tile. Every part calls the wait hook. The sum is
+// deterministic: two parts add in either order to the same value, and with more the last part
+// writes its own too and sums them all in part order. Without a workspace the engine never
+// splits.
 //
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
@@ -117,30 +118,43 @@ int gemm_default_group_m(int64_t m, int64_t n, int num_blocks);
 // The tile order the engine walks for these arguments (after defaults are resolved).
 TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
 
-// The split last wave: how many tiles of a grid of `tiles` on `blocks` persistent blocks are split
-// in two halves of K (the last wave's, when it is at most half full and K has at least
-// kSplitMinKTiles k-blocks), 0 for none.
+// The split last wave of a grid of `tiles` on `blocks` persistent blocks: the last wave's tiles,
+// when it is at most half full and K has at least kSplitMinKTiles k-blocks, in `parts` parts of K:
+// as many as the blocks allow, at most kSplitMaxParts, more than two only where each part keeps
+// kSplitMinPartKTiles k-blocks (their meeting costs more). {0, 1}: no split.
+struct GemmSplit {
+  int64_t tiles = 0;
+  int parts = 1;
+};
 inline constexpr int64_t kSplitMinKTiles = 8;
-TL_HD inline int64_t gemm_split_tiles(int64_t tiles, int blocks, int64_t k) {
-  const int64_t tail = tiles % blocks;
-  const bool long_k = (k + kTileK - 1) / kTileK >= kSplitMinKTiles;
-  return tail > 0 && 2 * tail <= blocks && long_k ? tail : 0;
+inline constexpr int64_t kSplitMinPartKTiles = 32;
+inline constexpr int kSplitMaxParts = 4;
+TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k) {
+  const int64_t tail = tiles % blocks, k_tiles = (k + kTileK - 1) / kTileK;
+  if (tail == 0 || 2 * tail > blocks || k_tiles < kSplitMinKTiles) return {};
+  int parts = blocks / tail < kSplitMaxParts ? static_cast<int>(blocks / tail) : kSplitMaxParts;
+  while (parts > 2 && k_tiles < kSplitMinPartKTiles * parts) --parts;
+  return {tail, parts};
 }
-// Workspace of a split: a 16-byte flag record per split tile, then its fp32 partial tile.
+// Workspace of a split: a 16-byte flag record per split tile, then its fp32 partial tiles (one
+// with two parts, `parts` with more).
 inline constexpr int64_t kSplitFlagsBytes = 16;
 inline constexpr int64_t kSplitPartialBytes = int64_t{kTileM} * kTileN * 4;
-TL_HD inline int64_t gemm_split_flags_bytes(int64_t split_tiles) {
-  return (split_tiles * kSplitFlagsBytes + 255) / 256 * 256;
+TL_HD inline int64_t gemm_split_partials(const GemmSplit& s) { return s.parts == 2 ? 1 : s.parts; }
+TL_HD inline int64_t gemm_split_flags_bytes(const GemmSplit& s) {
+  return (s.tiles * kSplitFlagsBytes + 255) / 256 * 256;
 }
-TL_HD inline int64_t gemm_split_workspace_bytes(int64_t split_tiles) {
-  return split_tiles > 0 ? gemm_split_flags_bytes(split_tiles) + split_tiles * kSplitPartialBytes
-                         : 0;
+TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s) {
+  return s.tiles > 0
+             ? gemm_split_flags_bytes(s) + s.tiles * gemm_split_partials(s) * kSplitPartialBytes
+             : 0;
 }
 
-// How a launch with these arguments spreads its work: tiles, the tiles split in two (only with a
-// workspace), and blocks = min(SMs, tiles + split_tiles). Checks num_sms.
+// How a launch with these arguments spreads its work: tiles, the split of its last wave (only with
+// a workspace), and blocks = min(SMs, tiles + (parts - 1) * split tiles). Checks num_sms.
 struct GemmWork {
-  int64_t tiles = 0, split_tiles = 0;
+  int64_t tiles = 0;
+  GemmSplit split;
   int blocks = 1;
 };
 GemmWork gemm_work(const GemmArgs& args);

@@ -98,7 +98,7 @@ struct TileStoredRing {
   uint64_t full[kSlots];
   uint64_t empty[kSlots];
   uint64_t c_tile_free;  // TMA store path: the store warp has read the tile out of shared memory
-  uint32_t skip[kSlots];  // the split last wave: 1 if the consumers left the tile to the other half
+  uint32_t skip[kSlots];  // the split last wave: 1 if the consumers left the tile to another part
 };
 
 // Hooks whose calls (those their flags enable) are const run on the kernel parameter itself
@@ -125,7 +125,7 @@ struct SharedStorage {
   typename Cfg::Mainloop::TensorStorage tensors;
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
   alignas(16) TileStoredRing stored;
-  uint32_t split_arrival;  // the split last wave: which half of its tile this block finished
+  uint32_t split_arrival;  // the split last wave: parts of its tile that arrived before this one
   // The TMA store path's tile (kTmaTileBytes), or the staged path's per-warp buffers
   // (kStageBytesPerWarp each): one launch uses one of them.
   alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
@@ -152,11 +152,11 @@ struct KernelParams : AltSource<Cfg, kAltA> {
   bool tma_store = false;     // ... and C local, 16-bit: the TMA store path (c_map)
   CUtensorMap c_map;  // C, boxes of 64 columns x 128 rows, 128-byte swizzle (tma_store only)
   TileOrder order;
-  // The split last wave (gemm.hpp): order.at(i) for i >= order.count() - split_tiles is computed as
-  // two halves of K (work_unit).
-  int split_tiles = 0;
-  uint32_t* split_flags = nullptr;   // [split_tiles][4]: arrivals, partial ready, 2 spare
-  float4* split_partials = nullptr;  // [split_tiles][kTileM * kTileN / 4], fp32
+  // The split last wave (gemm.hpp): order.at(i) for i >= order.count() - split.tiles is computed
+  // in split.parts parts of K (work_unit).
+  GemmSplit split;
+  uint32_t* split_flags = nullptr;   // [split.tiles][4]: arrivals, parts written, 2 spare
+  float4* split_partials = nullptr;  // [split.tiles][gemm_split_partials][kTileM * kTileN / 4]
   GemmStallReport* stall_report = nullptr;
   Hooks hooks;
 };
@@ -168,56 +168,70 @@ struct PersistentWalk {
   TL_HD int global(int j) const { return first + j * stride; }
 };
 
-// One unit of the walk: a whole tile, or one half of K of a split tile.
+// One unit of the walk: a whole tile, or one part of K of a split tile.
 struct WorkUnit {
   TileCoord tile;
   int k_begin, k_count;  // k-blocks
   int split;             // the tile's slot in the split workspace; -1: a whole tile
+  int part;              // which part of K
 };
 
-// Units 0 .. order.count() - split_tiles - 1 are whole tiles in the order; each later tile is two
-// units, its first and second half of K.
+// Units 0 .. order.count() - split.tiles - 1 are whole tiles in the order; each later tile is
+// split.parts units, its parts of K in order.
 template <bool kSplit, class P>
 TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
-  if constexpr (!kSplit) return {p.order.at(u), 0, k_tiles, -1};
-  const int whole = p.order.count() - p.split_tiles;
-  if (u < whole) return {p.order.at(u), 0, k_tiles, -1};
-  const int slot = (u - whole) >> 1, second = (u - whole) & 1, half = k_tiles / 2;
-  return {p.order.at(whole + slot), second ? half : 0, second ? k_tiles - half : half, slot};
+  if constexpr (!kSplit) return {p.order.at(u), 0, k_tiles, -1, 0};
+  const int whole = p.order.count() - static_cast<int>(p.split.tiles);
+  if (u < whole) return {p.order.at(u), 0, k_tiles, -1, 0};
+  const int parts = p.split.parts, slot = (u - whole) / parts, part = (u - whole) - slot * parts;
+  const int k0 = part * k_tiles / parts, k1 = (part + 1) * k_tiles / parts;
+  return {p.order.at(whole + slot), k0, k1 - k0, slot, part};
 }
 
-// The two halves of a split tile meet (all 256 consumer threads, after their MMAs). The first to
-// arrive writes its accumulators to the tile's partial and returns false; the second waits for
-// them, adds them to its own and returns true: it stores the tile. The second waits only for a
-// block that has already arrived and has nothing left to wait for, so the bound is for faults; it
-// reports the tile to p.stall_report (if set) and traps.
+// The parts of a split tile meet (all 256 consumer threads, after their MMAs). Each part but the
+// last to arrive writes its accumulators to the workspace and returns false. The last waits for
+// them and returns true with the tile's sum in `accum`: it stores the tile. With two parts it adds
+// the other's to its own (either order gives the same sum); with more it writes its own too and
+// sums all in part order, so the result never depends on the order of arrival. The last waits only
+// for blocks that have already arrived and have nothing left to wait for, so the bound is for
+// faults: it reports the tile to p.stall_report (if set) and traps.
 template <class P, class Accum>
-TL_DEVICE bool meet_split_halves(const P& p, const WorkUnit& unit, Accum& accum, int t,
-                                 uint32_t* arrival) {
+TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, int t,
+                                uint32_t* arrival) {
   using cutlass::arch::NamedBarrier;
   constexpr auto kBarrier = cutlass::arch::ReservedNamedBarriers::StreamkBarrier0;
   constexpr int kVecs = decltype(cute::size(accum))::value / 4;
-  static_assert(kVecs * 4 * 256 == kTileM * kTileN);
+  constexpr int kTileVecs = kTileM * kTileN / 4;
+  static_assert(kVecs * 256 == kTileVecs);
+  const int parts = p.split.parts;
   uint32_t* flags = p.split_flags + 4 * unit.split;
-  // this thread's column of the partial: element i at mine[i * 256], an immediate offset
-  float4* mine = p.split_partials + int64_t{unit.split} * (kTileM * kTileN / 4) + t;
+  // this thread's column of the tile's partials: partial q's element i is at
+  // col[q * kTileVecs + i * 256]
+  float4* col =
+      p.split_partials + int64_t{unit.split} * gemm_split_partials(p.split) * kTileVecs + t;
   if (t == 0) *arrival = atomicAdd(&flags[0], 1u);
   NamedBarrier::sync(256, kBarrier);
-  if (*arrival == 0) {
+  const bool last = *arrival == static_cast<uint32_t>(parts - 1);
+  if (!last || parts > 2) {
+    float4* mine = col + (parts == 2 ? 0 : unit.part) * kTileVecs;
     CUTE_UNROLL
     for (int i = 0; i < kVecs; ++i) {
       mine[i * 256] =
           make_float4(accum(4 * i), accum(4 * i + 1), accum(4 * i + 2), accum(4 * i + 3));
     }
-    NamedBarrier::sync(256, kBarrier);  // every thread's stores before thread 0's release
-    if (t == 0)
-      ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(flags[1]).store(
-          1, ::cuda::memory_order_release);
-    return false;
+    if (!last) {
+      NamedBarrier::sync(256, kBarrier);  // every thread's stores before thread 0's release
+      if (t == 0) {
+        ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(flags[1]).fetch_add(
+            1, ::cuda::memory_order_release);
+      }
+      return false;
+    }
   }
   if (t == 0) {
-    ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> ready(flags[1]);
-    for (long long polls = 0; ready.load(::cuda::memory_order_acquire) == 0; ++polls) {
+    ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> written(flags[1]);
+    const uint32_t others = static_cast<uint32_t>(parts - 1);
+    for (long long polls = 0; written.load(::cuda::memory_order_acquire) < others; ++polls) {
       if (polls == (1ll << 26)) {
         if (p.stall_report != nullptr) {
           volatile GemmStallReport* r = p.stall_report;
@@ -233,10 +247,29 @@ TL_DEVICE bool meet_split_halves(const P& p, const WorkUnit& unit, Accum& accum,
     flags[0] = 0, flags[1] = 0;  // zero again for the next launch (stream-ordered after this one)
   }
   NamedBarrier::sync(256, kBarrier);  // thread 0's acquire before every thread's loads
+  if (parts == 2) {
+    CUTE_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      const float4 v = __ldcg(&col[i * 256]);
+      accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
+      accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+    }
+    return true;
+  }
+  // partial by partial, each a whole column of independent loads (a loop over the partials
+  // inside would make 32 round trips of `parts` dependent loads)
   CUTE_UNROLL
   for (int i = 0; i < kVecs; ++i) {
-    const float4 v = __ldcg(&mine[i * 256]);
-    accum(4 * i) += v.x, accum(4 * i + 1) += v.y, accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+    const float4 v = __ldcg(&col[i * 256]);
+    accum(4 * i) = v.x, accum(4 * i + 1) = v.y, accum(4 * i + 2) = v.z, accum(4 * i + 3) = v.w;
+  }
+  for (int q = 1; q < parts; ++q) {
+    CUTE_UNROLL
+    for (int i = 0; i < kVecs; ++i) {
+      const float4 v = __ldcg(&col[q * kTileVecs + i * 256]);
+      accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
+      accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+    }
   }
   return true;
 }
@@ -315,8 +348,9 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   }
 
   const TileGrid grid = gemm_tile_grid(p.m, p.n);
-  const PersistentWalk walk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
-                            p.order.count() + (kSplit ? p.split_tiles : 0)};
+  const PersistentWalk walk{
+      static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+      p.order.count() + (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)};
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
   // setup) measured slower, not faster (bench/notes/gemm.md, run 4): the load warp waits below.
   __syncthreads();
@@ -390,7 +424,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           Barrier::wait(&shared.stored.full[slot], phase);
           if (j + 1 == walk.num_local()) TL_GEMM_MARK(7);
           const TileCoord tile = work_unit<kSplit>(p, walk.global(j), k_tiles).tile;
-          const bool skip = kSplit && shared.stored.skip[slot] != 0;  // the other half stores it
+          const bool skip = kSplit && shared.stored.skip[slot] != 0;  // another part stores it
           if constexpr (Cfg::kTmaStore) {
             if (p.tma_store && skip) {
               Barrier::arrive(&shared.stored.c_tile_free);  // one arrive per unit, as below
@@ -427,7 +461,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     const int mma_thread_idx = thread_idx - 128;
     PipelineState read_state;
     if (thread_idx == 128) TL_GEMM_MARK(4);
-    // One unit; kMeet: the block's last unit, half of a split tile. NOTE: the split meeting is a
+    // One unit; kMeet: the block's last unit, a part of a split tile. NOTE: the split meeting is a
     // separate instance after the loop: inside the loop body it raised the register pressure
     // enough to spill the pipeline state in the mainloop (cuobjdump -sass).
     auto run_unit = [&]<bool kMeet>(int j) {
@@ -440,7 +474,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       read_state.advance(unit.k_count);
       bool stores = true;
       if constexpr (kMeet)
-        stores = meet_split_halves(p, unit, accum, mma_thread_idx, &shared.split_arrival);
+        stores = meet_split_parts(p, unit, accum, mma_thread_idx, &shared.split_arrival);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
       auto store_from_registers = [&] {
@@ -590,11 +624,11 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   }
   const int num_blocks = work.blocks;
   p.order = gemm_tile_order(args, num_blocks);
-  p.split_tiles = static_cast<int>(work.split_tiles);
-  if (work.split_tiles > 0) {
+  p.split = work.split;
+  if (work.split.tiles > 0) {
     auto* ws = static_cast<uint8_t*>(args.workspace);
     p.split_flags = reinterpret_cast<uint32_t*>(ws);
-    p.split_partials = reinterpret_cast<float4*>(ws + gemm_split_flags_bytes(work.split_tiles));
+    p.split_partials = reinterpret_cast<float4*>(ws + gemm_split_flags_bytes(work.split));
   }
   p.stall_report = args.stall_report;
   p.hooks = hooks;
@@ -633,7 +667,7 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   const GemmWork work = gemm_work(args);
   auto launch = [&]<bool kTmaStore>() {
     using Cfg = detail::GemmConfig<ElementIn, ElementOut, kTmaStore>;
-    if (work.split_tiles > 0) {
+    if (work.split.tiles > 0) {
       detail::launch_gemm_config<Cfg, Hooks, kAltA, true>(args, hooks, work, stream);
     } else {
       detail::launch_gemm_config<Cfg, Hooks, kAltA, false>(args, hooks, work, stream);
