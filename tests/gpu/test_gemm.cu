@@ -194,16 +194,14 @@ TEST(Sm90Gemm, DefaultOrderFirstWave) {
 // destruction that every launch left the flag records zero again.
 struct SplitWorkspace {
   void* p = nullptr;
-  int64_t split = 0, bytes = 0;
   explicit SplitWorkspace(GemmArgs& args) {
-    bytes = gemm_workspace_bytes(args);
-    CK(cudaMalloc(&p, std::max<int64_t>(bytes, 16)));
-    CK(cudaMemset(p, 0, std::max<int64_t>(bytes, 16)));
+    const int64_t bytes = gemm_workspace_bytes(args);
+    CK(cudaMalloc(&p, std::max(bytes, kSplitFlagsRegionBytes)));
+    CK(cudaMemset(p, 0, std::max(bytes, kSplitFlagsRegionBytes)));
     args.workspace = p, args.workspace_bytes = bytes;
-    split = gemm_work(args).split.tiles;
   }
   ~SplitWorkspace() {
-    std::vector<uint32_t> flags(split * kSplitFlagsBytes / 4);
+    std::vector<uint32_t> flags(kSplitFlagsRegionBytes / 4);
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(flags.data(), p, flags.size() * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < flags.size(); ++i) EXPECT_EQ(flags[i], 0u) << "flag word " << i;
@@ -281,6 +279,36 @@ TEST(Sm90Gemm, SplitLastWave) {
   EXPECT_EQ(gemm_work(plain).split.tiles, 0);
   EXPECT_EQ(gemm_work(plain).blocks, 8);
   EXPECT_GT(gemm_workspace_bytes(plain), 0);
+}
+
+// GemmWorkspace: sized to each launch, grown when one needs more, nothing for one that does not
+// split; results checked after each. The shapes reuse it with more split tiles after fewer (the
+// flag records must not lie where an earlier launch left a partial tile).
+TEST(Sm90Gemm, WorkspaceGrowsWithTheSplit) {
+  GemmWorkspace ws;
+  int64_t last_bytes = 0;
+  for (auto [m, n, k, sms] : {std::tuple{300, 776, 1024, 8},  // 4 tiles in 2 parts
+                              {17, 264, 8192, 8},             // 2 tiles in 4 parts: more
+                              {1000, 776, 1032, 11},          // no split
+                              {300, 776, 1024, 8},            // less: the buffer stays
+                              {256, 4096, 16384, 0},          // 32 tiles in 4 parts (16 MiB)
+                              {1000, 1032, 1024, 100},        // 40 tiles in 2 parts, reused
+                              {256, 4096, 16384, 0}}) {
+    GemmArgs a = shape(m, n, k);
+    a.num_sms = sms;
+    ws.attach(a, 0);
+    const int64_t need = gemm_workspace_bytes(a);
+    if (need == 0) {
+      EXPECT_EQ(a.workspace, nullptr);
+    } else {
+      EXPECT_NE(a.workspace, nullptr);
+      EXPECT_GE(a.workspace_bytes, need);
+      EXPECT_GE(ws.bytes(), last_bytes);
+      last_bytes = ws.bytes();
+    }
+    run_and_check(a);
+  }
+  EXPECT_EQ(last_bytes, gemm_split_workspace_bytes(GemmSplit{32, 4}));
 }
 
 TEST(Sm90Gemm, EmptyM) {
@@ -583,7 +611,8 @@ TEST(Sm90GemmArgs, BadInputThrows) {
   } catch (const tilelink::Error& e) {
     EXPECT_NE(std::string(e.what()).find("workspace is too small"), std::string::npos) << e.what();
   }
-  a.workspace = static_cast<char*>(p) + 8, a.workspace_bytes = 1 << 19;  // not 16-byte aligned
+  a.workspace = static_cast<char*>(p) + 8;  // not 16-byte aligned (and big enough)
+  a.workspace_bytes = gemm_workspace_bytes(a);
   EXPECT_THROW(gemm(a, 0), tilelink::Error);
   try {
     a = ok(), a.n = 12;

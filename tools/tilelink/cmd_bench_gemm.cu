@@ -202,6 +202,7 @@ int bench_gemm(Args& args) {
   const size_t flush_bytes = size_t(2) * l2;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
+  sm90::GemmWorkspace split_ws;
   cudaEvent_t ev[2];
   CK(cudaEventCreate(&ev[0]));
   CK(cudaEventCreate(&ev[1]));
@@ -240,14 +241,7 @@ int bench_gemm(Args& args) {
     sm90::GemmArgs ga;
     ga.a = a, ga.b = b, ga.c = c, ga.m = m, ga.n = n, ga.k = k;
     ga.in_type = in, ga.out_type = out, ga.num_sms = num_sms, ga.group_m = group_m;
-    // The split last wave's workspace (zero-filled once; every launch leaves it so).
-    void* split_ws = nullptr;
-    if (!no_split && sm90::gemm_workspace_bytes(ga) > 0) {
-      ga.workspace_bytes = sm90::gemm_workspace_bytes(ga);
-      CK(cudaMalloc(&split_ws, ga.workspace_bytes));
-      CK(cudaMemset(split_ws, 0, ga.workspace_bytes));
-      ga.workspace = split_ws;
-    }
+    if (!no_split) split_ws.attach(ga, stream);  // the split last wave's workspace
     BenchHooks hooks;
     hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = grid.tiles_n(), hooks.epoch = 1;
     BenchHooks wait_only = hooks, notify_only = hooks;
@@ -462,7 +456,6 @@ int bench_gemm(Args& args) {
     CK(cudaFree(c_blas));
     CK(cudaFree(wait_sig));
     CK(cudaFree(notify_sig));
-    CK(cudaFree(split_ws));
   }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());

@@ -72,7 +72,10 @@ int resolved_sms(const GemmArgs& args) {
 }
 
 GemmSplit possible_split(const GemmArgs& args, int sms) {
-  return gemm_split(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k);
+  const GemmSplit s = gemm_split(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k);
+  TL_REQUIRE(s.tiles <= kSplitMaxTiles, "sm90 gemm: " << s.tiles << " split tiles, more than the "
+                                                      << kSplitMaxTiles << " the workspace holds");
+  return s;
 }
 
 }  // namespace
@@ -151,6 +154,30 @@ void gemm(const GemmArgs& args, cudaStream_t stream) {
   TL_REQUIRE(false, "sm90 gemm: unsupported dtype combination " << dtype_name(in) << " -> " << dtype_name(out)
                                                                << " (supported: bf16->bf16, bf16->fp32, fp16->fp16, "
                                                                   "fp16->fp32)");
+}
+
+GemmWorkspace::~GemmWorkspace() {
+  // NOTE: not checked: a destructor must not throw, and a sticky error has been reported already.
+  if (buffer_ != nullptr) (void)cudaFree(buffer_);
+}
+
+void GemmWorkspace::attach(GemmArgs& args, cudaStream_t stream) {
+  const int64_t need = gemm_workspace_bytes(args);
+  if (need == 0) {
+    args.workspace = nullptr, args.workspace_bytes = 0;
+    return;
+  }
+  if (need > bytes_) {
+    if (buffer_ != nullptr) {
+      TL_CHECK_CUDA(cudaStreamSynchronize(stream));  // launches on the old buffer are done
+      TL_CHECK_CUDA(cudaFree(buffer_));
+      buffer_ = nullptr, bytes_ = 0;
+    }
+    TL_CHECK_CUDA(cudaMalloc(&buffer_, need));
+    TL_CHECK_CUDA(cudaMemsetAsync(buffer_, 0, need, stream));
+    bytes_ = need;
+  }
+  args.workspace = buffer_, args.workspace_bytes = bytes_;
 }
 
 }  // namespace tilelink::compute::sm90

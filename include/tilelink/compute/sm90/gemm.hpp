@@ -136,17 +136,17 @@ TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k) {
   while (parts > 2 && k_tiles < kSplitMinPartKTiles * parts) --parts;
   return {tail, parts};
 }
-// Workspace of a split: a 16-byte flag record per split tile, then its fp32 partial tiles (one
-// with two parts, `parts` with more).
+// Workspace of a split: the flag records (16 bytes a split tile) at a fixed place for any shape,
+// so that a workspace reused by another shape finds them zero (a partial tile's old data never
+// lies under them), then the fp32 partial tiles (one a tile with two parts, `parts` with more).
 inline constexpr int64_t kSplitFlagsBytes = 16;
+inline constexpr int64_t kSplitMaxTiles = 1024;  // > SMs / 2 on any GPU
+inline constexpr int64_t kSplitFlagsRegionBytes = kSplitMaxTiles * kSplitFlagsBytes;
 inline constexpr int64_t kSplitPartialBytes = int64_t{kTileM} * kTileN * 4;
 TL_HD inline int64_t gemm_split_partials(const GemmSplit& s) { return s.parts == 2 ? 1 : s.parts; }
-TL_HD inline int64_t gemm_split_flags_bytes(const GemmSplit& s) {
-  return (s.tiles * kSplitFlagsBytes + 255) / 256 * 256;
-}
 TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s) {
   return s.tiles > 0
-             ? gemm_split_flags_bytes(s) + s.tiles * gemm_split_partials(s) * kSplitPartialBytes
+             ? kSplitFlagsRegionBytes + s.tiles * gemm_split_partials(s) * kSplitPartialBytes
              : 0;
 }
 
@@ -183,5 +183,25 @@ void gemm_check(const GemmArgs& args);
 
 // Runs the plain engine (no hooks) on `stream`. Asynchronous; errors of the launch throw.
 void gemm(const GemmArgs& args, cudaStream_t stream);
+
+// Owns a workspace for the split last wave and sizes it to each launch:
+//   GemmWorkspace ws;
+//   ws.attach(args, stream);  // sets args.workspace, workspace_bytes (null, 0: no split)
+//   gemm(args, stream);
+// It grows (a new zero-filled buffer, filled on `stream`) when a launch needs more. Launches that
+// share it must be ordered (one stream, or synchronized): it holds flags the launches count on.
+class GemmWorkspace {
+ public:
+  GemmWorkspace() = default;
+  GemmWorkspace(const GemmWorkspace&) = delete;
+  GemmWorkspace& operator=(const GemmWorkspace&) = delete;
+  ~GemmWorkspace();
+  void attach(GemmArgs& args, cudaStream_t stream);
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void* buffer_ = nullptr;
+  int64_t bytes_ = 0;
+};
 
 }  // namespace tilelink::compute::sm90

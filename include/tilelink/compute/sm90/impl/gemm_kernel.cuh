@@ -628,7 +628,7 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   if (work.split.tiles > 0) {
     auto* ws = static_cast<uint8_t*>(args.workspace);
     p.split_flags = reinterpret_cast<uint32_t*>(ws);
-    p.split_partials = reinterpret_cast<float4*>(ws + gemm_split_flags_bytes(work.split));
+    p.split_partials = reinterpret_cast<float4*>(ws + kSplitFlagsRegionBytes);
   }
   p.stall_report = args.stall_report;
   p.hooks = hooks;
