@@ -72,10 +72,14 @@ inline constexpr int kTileM = 128;
 inline constexpr int kTileN = 256;
 inline constexpr int kTileK = 64;
 
-// Where the engine reports one of its own waits that timed out (the split last wave's, see above)
-// before it traps: host-mapped memory (cudaHostAllocMapped), readable after the trap.
+// Where the engine reports, before it traps, that the split last wave (see above) cannot go on:
+// host-mapped memory (cudaHostAllocMapped), readable after the trap.
 struct GemmStallReport {
-  int flag = 0;  // 1 once written
+  // flag values: the last part waited too long for the others; more parts arrived than the tile
+  // has (the workspace was not zero-filled)
+  static constexpr int kTimedOut = 1;
+  static constexpr int kDirtyWorkspace = 2;
+  int flag = 0;  // 0 until written, then why
   int tile_m = 0, tile_n = 0;
 };
 

@@ -194,7 +194,8 @@ TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
 // the other's to its own (either order gives the same sum); with more it writes its own too and
 // sums all in part order, so the result never depends on the order of arrival. The last waits only
 // for blocks that have already arrived and have nothing left to wait for, so the bound is for
-// faults: it reports the tile to p.stall_report (if set) and traps.
+// faults. A timed-out wait, or an arrival count past the parts (a workspace not zero-filled),
+// reports the tile to p.stall_report (if set) and traps.
 template <class P, class Accum>
 TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, int t,
                                 uint32_t* arrival) {
@@ -209,7 +210,20 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
   // col[q * kTileVecs + i * 256]
   float4* col =
       p.split_partials + int64_t{unit.split} * gemm_split_partials(p.split) * kTileVecs + t;
-  if (t == 0) *arrival = atomicAdd(&flags[0], 1u);
+  auto give_up = [&](int why) {  // thread 0: report, then trap
+    if (p.stall_report != nullptr) {
+      volatile GemmStallReport* r = p.stall_report;
+      r->tile_m = unit.tile.m, r->tile_n = unit.tile.n;
+      __threadfence_system();
+      r->flag = why;
+      __threadfence_system();
+    }
+    __trap();
+  };
+  if (t == 0) {
+    *arrival = atomicAdd(&flags[0], 1u);
+    if (*arrival >= static_cast<uint32_t>(parts)) give_up(GemmStallReport::kDirtyWorkspace);
+  }
   NamedBarrier::sync(256, kBarrier);
   const bool last = *arrival == static_cast<uint32_t>(parts - 1);
   if (!last || parts > 2) {
@@ -232,16 +246,7 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
     ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> written(flags[1]);
     const uint32_t others = static_cast<uint32_t>(parts - 1);
     for (long long polls = 0; written.load(::cuda::memory_order_acquire) < others; ++polls) {
-      if (polls == (1ll << 26)) {
-        if (p.stall_report != nullptr) {
-          volatile GemmStallReport* r = p.stall_report;
-          r->tile_m = unit.tile.m, r->tile_n = unit.tile.n;
-          __threadfence_system();
-          r->flag = 1;
-          __threadfence_system();
-        }
-        __trap();
-      }
+      if (polls == (1ll << 26)) give_up(GemmStallReport::kTimedOut);
       __nanosleep(32);
     }
     flags[0] = 0, flags[1] = 0;  // zero again for the next launch (stream-ordered after this one)
