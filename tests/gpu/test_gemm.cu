@@ -637,9 +637,11 @@ struct AltNoHooks : NoHooks {};
 
 // A [m, k] whose rows [row0, row0 + rows) are NaN in `a` and live in a separate buffer: the result
 // must equal the reference on the real A, so every band row must come from a_alt.
-void run_alt_band(int64_t m, int64_t n, int64_t k, int64_t row0, int64_t rows, int64_t lda_alt = 0) {
-  SCOPED_TRACE(::testing::Message() << m << "x" << n << "x" << k << " band [" << row0 << ", " << row0 + rows
-                                    << ") lda_alt " << lda_alt);
+void run_alt_band(int64_t m, int64_t n, int64_t k, int64_t row0, int64_t rows, int64_t lda_alt = 0,
+                  bool split = false) {
+  SCOPED_TRACE(::testing::Message()
+               << m << "x" << n << "x" << k << " band [" << row0 << ", " << row0 + rows
+               << ") lda_alt " << lda_alt << (split ? ", split" : ""));
   const int64_t la = lda_alt ? lda_alt : k;
   Buffers buf;
   void* alt = nullptr;
@@ -658,6 +660,11 @@ void run_alt_band(int64_t m, int64_t n, int64_t k, int64_t row0, int64_t rows, i
   GemmArgs args = shape(m, n, k);
   args.a = buf.a, args.b = buf.b, args.c = buf.c;
   args.a_alt = alt, args.a_alt_row0 = row0, args.a_alt_rows = rows, args.lda_alt = lda_alt;
+  GemmWorkspace ws;
+  if (split) {
+    ws.attach(args, 0);
+    EXPECT_GT(gemm_work(args).split.tiles, 0);
+  }
   launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, AltNoHooks, true>(args, AltNoHooks{}, 0);
   CK(cudaDeviceSynchronize());
   const ref::Comparison cmp = ref::compare(buf.c, DType::kBF16, n, buf.ref, m, n);
@@ -673,6 +680,7 @@ TEST(Sm90GemmAltA, BandRowsComeFromTheSecondSource) {
   run_alt_band(1000, 768, 512, 384, 616);           // ending at a ragged M
   run_alt_band(128, 256, 64, 0, 128);               // the whole of A
   run_alt_band(2048, 1024, 512, 1024, 1024, 520);   // strided band
+  run_alt_band(1000, 768, 512, 384, 616, 0, true);  // 24 tiles, every one split in two parts
 }
 
 TEST(Sm90GemmAltA, BadBandThrows) {
