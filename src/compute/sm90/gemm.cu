@@ -64,8 +64,7 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks) {
 namespace {
 
 // The SM count a launch may use (num_sms checked), and the tiles it would split with a workspace.
-int resolved_sms(const GemmArgs& args) {
-  const DeviceInfo d = current_device();
+int resolved_sms(const GemmArgs& args, const DeviceInfo& d = current_device()) {
   TL_REQUIRE(args.num_sms >= 0 && args.num_sms <= d.sms,
              "sm90 gemm: num_sms must be in [0, " << d.sms << "] (0 = all SMs), got " << args.num_sms);
   return args.num_sms == 0 ? d.sms : args.num_sms;
@@ -132,8 +131,7 @@ void gemm_check(const GemmArgs& a) {
   const DeviceInfo d = current_device();
   TL_REQUIRE(d.major == 9 && d.minor == 0,
              "sm90 gemm: needs an sm_90 GPU (H100/H200), the current device is sm_" << d.major << d.minor);
-  TL_REQUIRE(a.num_sms >= 0 && a.num_sms <= d.sms,
-             "sm90 gemm: num_sms must be in [0, " << d.sms << "] (0 = all SMs), got " << a.num_sms);
+  (void)resolved_sms(a, d);  // checks num_sms
   if (a.workspace != nullptr) {
     TL_REQUIRE(aligned(a.workspace, 16), "sm90 gemm: the workspace must be 16-byte aligned");
     const int64_t need = gemm_workspace_bytes(a);

@@ -252,30 +252,26 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
     flags[0] = 0, flags[1] = 0;  // zero again for the next launch (stream-ordered after this one)
   }
   NamedBarrier::sync(256, kBarrier);  // thread 0's acquire before every thread's loads
-  if (parts == 2) {
-    CUTE_UNROLL
-    for (int i = 0; i < kVecs; ++i) {
-      const float4 v = __ldcg(&col[i * 256]);
-      accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
-      accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
-    }
-    return true;
-  }
-  // partial by partial, each a whole column of independent loads (a loop over the partials
-  // inside would make 32 round trips of `parts` dependent loads)
-  CUTE_UNROLL
-  for (int i = 0; i < kVecs; ++i) {
-    const float4 v = __ldcg(&col[i * 256]);
-    accum(4 * i) = v.x, accum(4 * i + 1) = v.y, accum(4 * i + 2) = v.z, accum(4 * i + 3) = v.w;
-  }
-  for (int q = 1; q < parts; ++q) {
+  // Partial q into accum (= or +=), a whole column of independent loads at a time (a loop over
+  // the partials inside would make 32 round trips of `parts` dependent loads).
+  auto take_partial = [&](int q, bool assign) {
     CUTE_UNROLL
     for (int i = 0; i < kVecs; ++i) {
       const float4 v = __ldcg(&col[q * kTileVecs + i * 256]);
-      accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
-      accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+      if (assign) {
+        accum(4 * i) = v.x, accum(4 * i + 1) = v.y, accum(4 * i + 2) = v.z, accum(4 * i + 3) = v.w;
+      } else {
+        accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
+        accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+      }
     }
+  };
+  if (parts == 2) {
+    take_partial(0, false);  // the other part's, onto this one's
+    return true;
   }
+  take_partial(0, true);  // all parts, this one's included, in part order
+  for (int q = 1; q < parts; ++q) take_partial(q, false);
   return true;
 }
 
