@@ -46,9 +46,9 @@
 // that wave's tiles is computed in parts of K (2 to 4, gemm_split) by as many blocks. Each part but
 // the last to finish writes its fp32 accumulators to the workspace; the last adds them and runs
 // the epilogue (and the notify hook) once for the tile. Every part calls the wait hook. The sum is
-// deterministic: two parts add in either order to the same value, and with more the last part
-// writes its own too and sums them all in part order. Without a workspace the engine never
-// splits.
+// deterministic: the fixed tree (p0 + p1) + (p2 + p3), whose adds each take two operands (the
+// same bits in either order), so the last part adds its own from registers wherever it sits.
+// Without a workspace the engine never splits.
 //
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.

@@ -190,12 +190,14 @@ TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
 
 // The parts of a split tile meet (all 256 consumer threads, after their MMAs). Each part but the
 // last to arrive writes its accumulators to the workspace and returns false. The last waits for
-// them and returns true with the tile's sum in `accum`: it stores the tile. With two parts it adds
-// the other's to its own (either order gives the same sum); with more it writes its own too and
-// sums all in part order, so the result never depends on the order of arrival. The last waits only
-// for blocks that have already arrived and have nothing left to wait for, so the bound is for
-// faults. A timed-out wait, or an arrival count past the parts (a workspace not zero-filled),
-// reports the tile to p.stall_report (if set) and traps.
+// them and returns true with the tile's sum in `accum`: it stores the tile. The sum is the fixed
+// tree (p0 + p1) + (p2 + p3) (p0 + p1 with two parts, (p0 + p1) + p2 with three). Each of its adds
+// has two operands, and a two-operand add gives the same bits either way round, so the last part
+// adds from its registers wherever it sits in the tree (it never writes its own partial) and the
+// result does not depend on the order of arrival. The last waits only for blocks that have already
+// arrived and have nothing left to wait for, so the bound is for faults. A timed-out wait, or an
+// arrival count past the parts (a workspace not zero-filled), reports the tile to p.stall_report
+// (if set) and traps.
 template <class P, class Accum>
 TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, int t,
                                 uint32_t* arrival) {
@@ -226,21 +228,20 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
   }
   NamedBarrier::sync(256, kBarrier);
   const bool last = *arrival == static_cast<uint32_t>(parts - 1);
-  if (!last || parts > 2) {
+  if (!last) {
+    // with two parts only one ever writes: slot 0
     float4* mine = col + (parts == 2 ? 0 : unit.part) * kTileVecs;
     CUTE_UNROLL
     for (int i = 0; i < kVecs; ++i) {
       mine[i * 256] =
           make_float4(accum(4 * i), accum(4 * i + 1), accum(4 * i + 2), accum(4 * i + 3));
     }
-    if (!last) {
-      NamedBarrier::sync(256, kBarrier);  // every thread's stores before thread 0's release
-      if (t == 0) {
-        ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(flags[1]).fetch_add(
-            1, ::cuda::memory_order_release);
-      }
-      return false;
+    NamedBarrier::sync(256, kBarrier);  // every thread's stores before thread 0's release
+    if (t == 0) {
+      ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(flags[1]).fetch_add(
+          1, ::cuda::memory_order_release);
     }
+    return false;
   }
   if (t == 0) {
     ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> written(flags[1]);
@@ -252,26 +253,27 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
     flags[0] = 0, flags[1] = 0;  // zero again for the next launch (stream-ordered after this one)
   }
   NamedBarrier::sync(256, kBarrier);  // thread 0's acquire before every thread's loads
-  // Partial q into accum (= or +=), a whole column of independent loads at a time (a loop over
-  // the partials inside would make 32 round trips of `parts` dependent loads).
-  auto take_partial = [&](int q, bool assign) {
+  // accum += partial a (+ partial b, added first), a whole column of independent loads at a time
+  // (a loop over the partials inside would make 32 round trips of dependent loads).
+  auto add_partials = [&](int a, int b) {
     CUTE_UNROLL
     for (int i = 0; i < kVecs; ++i) {
-      const float4 v = __ldcg(&col[q * kTileVecs + i * 256]);
-      if (assign) {
-        accum(4 * i) = v.x, accum(4 * i + 1) = v.y, accum(4 * i + 2) = v.z, accum(4 * i + 3) = v.w;
-      } else {
-        accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
-        accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
+      float4 v = __ldcg(&col[a * kTileVecs + i * 256]);
+      if (b >= 0) {
+        const float4 w = __ldcg(&col[b * kTileVecs + i * 256]);
+        v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
       }
+      accum(4 * i) += v.x, accum(4 * i + 1) += v.y;
+      accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
     }
   };
   if (parts == 2) {
-    take_partial(0, false);  // the other part's, onto this one's
+    add_partials(0, -1);  // p0 + p1
     return true;
   }
-  take_partial(0, true);  // all parts, this one's included, in part order
-  for (int q = 1; q < parts; ++q) take_partial(q, false);
+  const int me = unit.part, partner = me ^ 1, other = me < 2 ? 2 : 0;
+  if (partner < parts) add_partials(partner, -1);           // this part's pair
+  add_partials(other, other + 1 < parts ? other + 1 : -1);  // + the other pair (or p2 alone)
   return true;
 }
 
