@@ -2,11 +2,11 @@
 // aligned shapes, strided operands, the reduce-add epilogue, num_sms and tile order, hooks that really
 // wait (a delayed producer kernel writes A), and argument checks that throw before launching.
 // Every output is poisoned with NaN first and compared with a float32 reference on fresh random data.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
-
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <vector>
@@ -22,6 +22,7 @@ namespace {
 using namespace tilelink;
 using namespace tilelink::compute::sm90;
 namespace ref = tilelink::compute::sm90::reference;
+namespace engine = tilelink::compute::sm90::detail;
 #define CK(call) TL_SM90_CUDA_CHECK(call)
 
 // NOTE: a kernel spinning on a flag can keep a lazily loaded one from starting (see DESIGN.md).
@@ -281,6 +282,76 @@ TEST(Sm90Gemm, SplitLastWave) {
   EXPECT_GT(gemm_workspace_bytes(plain), 0);
 }
 
+// Holds every SM (one block each: its shared memory leaves no room for an engine block) for a
+// different pseudo-random time, so that a launch queued behind it starts its blocks in a shuffled
+// order.
+__global__ void hold_sms(uint32_t seed, long long max_cycles) {
+  uint32_t h = (blockIdx.x + 1) * 2654435761u ^ seed;
+  h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+  const long long until = clock64() + static_cast<long long>(h % 1024) * (max_cycles / 1024);
+  while (clock64() < until) {
+  }
+}
+
+// The split's sum does not depend on which part arrives last: the parts of each split tile start
+// in a different order on every launch (hold_sms in front of it), and fp32 outputs must match the
+// first launch's bit for bit (2, 3 and 4 parts).
+TEST(Sm90Gemm, SplitSumDoesNotDependOnArrival) {
+  int sms = 0, smem = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CK(cudaFuncSetAttribute(hold_sms, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaStream_t hold_stream, gemm_stream;
+  CK(cudaStreamCreateWithFlags(&hold_stream, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&gemm_stream, cudaStreamNonBlocking));
+  struct Case {
+    GemmArgs args;
+    int sms, parts;
+  };
+  for (Case c : {Case{shape(17, 264, 8192, DType::kBF16, DType::kF32), 8, 4},
+                 Case{shape(300, 776, 6144, DType::kBF16, DType::kF32), 40, 3},
+                 Case{shape(1000, 1032, 1000, DType::kF16, DType::kF32), 16, 2}}) {
+    GemmArgs& a = c.args;
+    a.num_sms = c.sms;
+    SCOPED_TRACE(::testing::Message()
+                 << a.m << "x" << a.n << "x" << a.k << ", " << c.parts << " parts");
+    SplitWorkspace ws(a);
+    ASSERT_EQ(gemm_work(a).split.parts, c.parts);
+    Buffers buf;
+    CK(cudaMalloc(&buf.a, a.m * a.k * 2));
+    CK(cudaMalloc(&buf.b, a.n * a.k * 2));
+    CK(cudaMalloc(&buf.c, a.m * a.n * 4));
+    ref::fill_uniform(buf.a, a.in_type, a.m * a.k, fresh_seed(), 1.0f);
+    ref::fill_uniform(buf.b, a.in_type, a.n * a.k, fresh_seed(), 1.0f);
+    CK(cudaMalloc(&buf.ref, a.m * a.n * 4));
+    ref::reference_gemm(buf.a, buf.b, a.in_type, a.m, a.n, a.k, a.k, a.k, nullptr, a.out_type, a.n,
+                        buf.ref);
+    a.a = buf.a, a.b = buf.b, a.c = buf.c;
+    std::vector<uint32_t> first(a.m * a.n), again(a.m * a.n);
+    for (int run = 0; run < 6; ++run) {
+      CK(cudaMemset(buf.c, 0xff, a.m * a.n * 4));
+      CK(cudaDeviceSynchronize());
+      if (run > 0) hold_sms<<<sms, 32, smem, hold_stream>>>(fresh_seed(), 40000);  // ~20 us at most
+      CK(cudaGetLastError());
+      gemm(a, gemm_stream);
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(run == 0 ? first.data() : again.data(), buf.c, a.m * a.n * 4,
+                    cudaMemcpyDeviceToHost));
+      if (run == 0) {
+        const ref::Comparison cmp = ref::compare(buf.c, a.out_type, a.n, buf.ref, a.m, a.n);
+        EXPECT_EQ(cmp.non_finite, 0);
+        EXPECT_LE(cmp.rel_err, ref::tolerance(a.out_type));
+      } else {
+        int64_t differ = 0;
+        for (size_t i = 0; i < first.size(); ++i) differ += first[i] != again[i];
+        EXPECT_EQ(differ, 0) << "run " << run;
+      }
+    }
+  }
+  CK(cudaStreamDestroy(hold_stream));
+  CK(cudaStreamDestroy(gemm_stream));
+}
+
 // GemmWorkspace: sized to each launch, grown when one needs more, nothing for one that does not
 // split; results checked after each. The shapes reuse it with more split tiles after fewer (the
 // flag records must not lie where an earlier launch left a partial tile).
@@ -309,6 +380,44 @@ TEST(Sm90Gemm, WorkspaceGrowsWithTheSplit) {
     run_and_check(a);
   }
   EXPECT_EQ(last_bytes, gemm_split_workspace_bytes(GemmSplit{32, 4}));
+}
+
+// Launches of at most four tile rows read A and B with 256-byte L2 promotion (gemm_wide_l2_fetch):
+// the engine re-encodes CUTLASS's descriptors, but only where its reading of their geometry gives
+// CUTLASS's bytes. It must on every operand shape, or the wide fetch silently stays off. (The
+// launches of M <= 512 in the other tests check the results with it on.)
+TEST(Sm90Gemm, WideL2FetchMatchesCutlass) {
+  struct Case {
+    int64_t m, n, k, lda, ldb;
+  };
+  auto check = [](auto cfg, DType in, const Case& c) {
+    using Cfg = decltype(cfg);
+    GemmArgs a = shape(c.m, c.n, c.k, in, DType::kF32);
+    a.lda = c.lda, a.ldb = c.ldb;
+    Buffers buf;
+    CK(cudaMalloc(&buf.a, ((c.m - 1) * c.lda + c.k) * 2));
+    CK(cudaMalloc(&buf.b, ((c.n - 1) * c.ldb + c.k) * 2));
+    a.a = buf.a, a.b = buf.b;
+    auto mp = engine::mainloop_params<Cfg>(a);
+    const auto* da = mp.tma_load_a.get_tma_descriptor();
+    const auto* db = mp.tma_load_b.get_tma_descriptor();
+    const cute::TmaDescriptor old_a = *da, old_b = *db;
+    using In = typename Cfg::ElementIn;
+    EXPECT_TRUE(engine::widen_l2_fetch<In>(da, a.a, c.m, c.k, c.lda, kTileM)) << "A of " << c.m;
+    EXPECT_TRUE(engine::widen_l2_fetch<In>(db, a.b, c.n, c.k, c.ldb, kTileN)) << "B of " << c.m;
+    EXPECT_NE(std::memcmp(&old_a, da, sizeof(old_a)), 0);
+    EXPECT_NE(std::memcmp(&old_b, db, sizeof(old_b)), 0);
+    // a second pass finds 256-byte descriptors, not CUTLASS's: it leaves them alone
+    EXPECT_FALSE(engine::widen_l2_fetch<In>(da, a.a, c.m, c.k, c.lda, kTileM));
+  };
+  for (const Case& c :
+       {Case{1, 8, 8, 8, 8}, Case{17, 264, 72, 72, 72}, Case{128, 8192, 8192, 8192, 8192},
+        Case{300, 776, 1032, 1040, 1096}, Case{512, 4096, 8192, 8200, 8256}}) {
+    SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k);
+    check(engine::GemmConfig<cutlass::bfloat16_t, __nv_bfloat16, false>{}, DType::kBF16, c);
+    check(engine::GemmConfig<cutlass::half_t, float, false>{}, DType::kF16, c);
+    check(engine::GemmConfig<cutlass::bfloat16_t, __nv_bfloat16, true>{}, DType::kBF16, c);
+  }
 }
 
 TEST(Sm90Gemm, EmptyM) {

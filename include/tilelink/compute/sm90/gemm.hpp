@@ -180,6 +180,12 @@ TL_HD inline bool gemm_tma_store_config(DType out, int64_t tiles, int num_blocks
   return dtype_size(out) == 2 && tiles >= 2 * static_cast<int64_t>(num_blocks);
 }
 
+// Whether a launch reads A and B with 256-byte L2 promotion (each 128-byte row segment of a box
+// that misses L2 brings the next k-block's segment along) instead of CUTLASS's 128 bytes: at most
+// four tile rows, where B streams from DRAM nearly once. Measured (bench/notes/gemm.md, session
+// 14): +0.5..+2.6% at M = 128-512; on 8192x1536x4096 it cost ~1%, so larger M keeps 128 bytes.
+TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
+
 // Checks every argument and throws tilelink::Error with a clear message before anything is launched:
 // null pointers, N or K not a multiple of 8, unsupported or mismatched dtypes, bad strides or
 // alignment, num_sms out of [0, device SMs], start_m/group_m out of range.

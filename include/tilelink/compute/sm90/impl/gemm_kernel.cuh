@@ -15,21 +15,21 @@
 #error "the sm90 GEMM engine needs the CuTe/CUTLASS headers (scripts/setup.sh)"
 #endif
 
-#include <type_traits>
-
-#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
-#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/cutlass.h>
+
+#include <cstring>
+#include <cuda/atomic>
+#include <cute/tensor.hpp>
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
+#include <type_traits>
 
 #include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
@@ -577,6 +577,60 @@ template <> inline constexpr DType kDTypeOf<cutlass::half_t> = DType::kF16;
 template <> inline constexpr DType kDTypeOf<__nv_bfloat16> = DType::kBF16;
 template <> inline constexpr DType kDTypeOf<__half> = DType::kF16;
 
+// CUTLASS's TMA descriptors of A and B (and the rest of the mainloop's parameters) for `args`.
+template <class Cfg>
+typename Cfg::Mainloop::Params mainloop_params(const GemmArgs& args) {
+  using namespace cute;
+  using ElementIn = typename Cfg::ElementIn;
+  using Mainloop = typename Cfg::Mainloop;
+  const int64_t lda = args.lda ? args.lda : args.k;
+  const int64_t ldb = args.ldb ? args.ldb : args.k;
+  typename Mainloop::Arguments mainloop_args{
+      static_cast<const ElementIn*>(args.a),
+      typename Mainloop::StrideA{lda, Int<1>{}, lda * args.m},
+      static_cast<const ElementIn*>(args.b),
+      typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
+  const auto problem =
+      make_shape(static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k), 1);
+  return Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
+}
+
+// Re-encodes `desc`, CUTLASS's TMA descriptor of a K-major operand [rows, k] (row stride ld
+// elements; a box is kTileK columns x box_rows rows), with 256-byte L2 promotion
+// (gemm_wide_l2_fetch). The geometry below is our reading of CUTLASS's: 16-bit elements as
+// UINT16, three dimensions (k, rows, a batch of one), the 128-byte swizzle (the arguments CUTLASS
+// passes to cuTensorMapEncodeTiled, printed in session 14). It is used only if encoding it with
+// CUTLASS's own settings gives CUTLASS's bytes exactly, so a CUTLASS that builds descriptors
+// differently keeps its own. Returns whether it re-encoded (Sm90Gemm.WideL2FetchMatchesCutlass
+// checks that it does).
+template <class ElementIn>
+bool widen_l2_fetch(const cute::TmaDescriptor* desc, const void* base, int64_t rows, int64_t k,
+                    int64_t ld, int box_rows) {
+  static_assert(sizeof(cute::TmaDescriptor) == sizeof(CUtensorMap) && sizeof(ElementIn) == 2);
+  const CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT16;  // as CUTLASS moves 16-bit types
+  constexpr int64_t kBytes = sizeof(ElementIn);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows), 1};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * kBytes),
+                                 static_cast<cuuint64_t>(ld * rows * kBytes)};
+  const cuuint32_t box[3] = {kTileK, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  auto encode = [&](CUtensorMap* map, CUtensorMapL2promotion promotion) {
+    *map = CUtensorMap{};
+    return cutlass::call_cuTensorMapEncodeTiled(
+               map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  CUtensorMap same, wide;
+  if (!encode(&same, CU_TENSOR_MAP_L2_PROMOTION_L2_128B) ||
+      std::memcmp(&same, desc, sizeof(same)) != 0 ||
+      !encode(&wide, CU_TENSOR_MAP_L2_PROMOTION_L2_256B)) {
+    return false;
+  }
+  std::memcpy(const_cast<cute::TmaDescriptor*>(desc), &wide, sizeof(wide));
+  return true;
+}
+
 // Builds the TMA descriptors and launches the engine in configuration Cfg (arguments checked).
 template <class Cfg, class Hooks, bool kAltA, bool kSplit>
 void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork& work,
@@ -591,11 +645,13 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   const int64_t ldb = args.ldb ? args.ldb : args.k;
 
   Params p;
-  typename Mainloop::Arguments mainloop_args{
-      static_cast<const ElementIn*>(args.a), typename Mainloop::StrideA{lda, Int<1>{}, lda * args.m},
-      static_cast<const ElementIn*>(args.b), typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
-  const auto problem = make_shape(static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k), 1);
-  p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
+  p.mainloop = mainloop_params<Cfg>(args);
+  if (gemm_wide_l2_fetch(args.m)) {
+    widen_l2_fetch<ElementIn>(p.mainloop.tma_load_a.get_tma_descriptor(), args.a, args.m, args.k,
+                              lda, kTileM);
+    widen_l2_fetch<ElementIn>(p.mainloop.tma_load_b.get_tma_descriptor(), args.b, args.n, args.k,
+                              ldb, kTileN);
+  }
   if constexpr (kAltA) {
     // Without a second source, the band is empty and its descriptors repeat A's (they are still
     // prefetched, so they must be valid).
