@@ -112,6 +112,8 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
 
   lanes_ = std::make_unique<detail::RankLanes>(world);
   epochs_ = std::make_unique<detail::CallEpochs>(world);
+  engine_ws_ = std::make_unique<detail::EngineWorkspaces>(
+      world, [&](int r) { return detail::engine_args(plans_[r], nullptr, nullptr, nullptr, 0); });
   // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
   auto passing_hooks = [&](int r) {
     return AgGemmWaitHooks{world.device_context(r), ws_.view(r), plans_[r].ws.tile_ready, plans_[r].comm,
@@ -125,6 +127,14 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
 }
 
 AgGemm::~AgGemm() = default;
+
+compute::sm90::GemmWork AgGemm::gemm_work(int rank) const {
+  compute::sm90::GemmArgs args =
+      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank));
+  engine_ws_->attach(args, rank);
+  world_.bind(rank);  // the SM count of the rank's device
+  return compute::sm90::gemm_work(args);
+}
 
 int AgGemm::gemm_sms(int rank) const {
   // NOTE: measured on the H200: with the persistent GEMM holding every SM of the rank, the comm
@@ -238,6 +248,7 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
                           bool hooks, bool linked) {
   const AgGemmPlan& p = plans_[r];
   compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
+  engine_ws_->attach(args, r);
   if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
   const Epoch epoch = linked ? epochs_->epoch(r, 1) : Epoch{0};  // epoch 0: every wait passes
   AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,

@@ -98,6 +98,8 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
 
   lanes_ = std::make_unique<detail::RankLanes>(world);
   epochs_ = std::make_unique<detail::CallEpochs>(world);
+  engine_ws_ = std::make_unique<detail::EngineWorkspaces>(
+      world, [&](int r) { return detail::engine_args(plans_[r], nullptr, nullptr, nullptr, 0); });
   // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
   detail::prepare_engine<GemmRsNotifyHooks>(world, [&](int r) {  // tile_done[0] = 0: still zero
     return GemmRsNotifyHooks{ws_.view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
@@ -106,6 +108,14 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
 }
 
 GemmRs::~GemmRs() = default;
+
+compute::sm90::GemmWork GemmRs::gemm_work(int rank) const {
+  compute::sm90::GemmArgs args =
+      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank));
+  engine_ws_->attach(args, rank);
+  world_.bind(rank);  // the SM count of the rank's device
+  return compute::sm90::gemm_work(args);
+}
 
 int GemmRs::gemm_sms(int rank) const {
   const GemmRsConfig& cfg = plans_[rank].config;
@@ -129,7 +139,8 @@ void GemmRs::check_args(const std::vector<const void*>& a, const std::vector<con
 
 void GemmRs::enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks) {
   const GemmRsPlan& p = plans_[r];
-  const compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
+  compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
+  engine_ws_->attach(args, r);
   if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
   GemmRsNotifyHooks notify{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epochs_->epoch(r, 1)};
   detail::launch_engine(args, notify, lanes_->gemm_stream(r));

@@ -34,7 +34,8 @@ struct Case {
   tlc::Transport transport = tlc::Transport::kVirtual;
 };
 
-void run_case(const Case& tc, uint64_t seed) {
+// split_ranks: set to the number of ranks whose GEMM splits its last wave.
+void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr) {
   SCOPED_TRACE(::testing::Message() << "world " << tc.world << " comm SMs " << tc.comm_sms
                                     << " GEMM SMs " << tc.compute_workers << " n_r " << tc.n_r << " k " << tc.k
                                     << (tc.mode == CommMode::kPush ? " push" : " pull") << " seed " << seed);
@@ -51,6 +52,10 @@ void run_case(const Case& tc, uint64_t seed) {
   cfg.compute_workers = tc.compute_workers;
   cfg.comm_tile_rows = tc.comm_tile_rows;
   tlc::AgGemm op(world, rows, std::vector<int64_t>(tc.world, tc.n_r), tc.k, DType::kBF16, cfg);
+  if (split_ranks != nullptr) {
+    *split_ranks = 0;
+    for (int r = 0; r < tc.world; ++r) *split_ranks += op.gemm_work(r).split.tiles > 0;
+  }
 
   std::mt19937_64 rng(seed);
   std::vector<std::vector<BF16>> ha(tc.world), hb(tc.world);
@@ -148,6 +153,23 @@ TEST(AgGemmCuda, World4EmptySegment) { run_case({4, {250, 0, 517, 233}, 256, 384
 TEST(AgGemmCuda, World8Pull) { run_case({8, {128, 128, 128, 128, 128, 128, 128, 129}, 256, 512, CommMode::kPull, 128}, 5); }
 TEST(AgGemmCuda, World8Push) { run_case({8, {100, 17, 300, 5, 64, 200, 1, 313}, 256, 256, CommMode::kPush, 256}, 6); }
 
+// The GEMM on all the SMs it is given, with few tiles (8 and 16, 8 k-blocks): its last wave is
+// split in two parts of K, with the wait hook in every part.
+TEST(AgGemmCuda, World1SplitLastWave) {
+  int split = 0;
+  run_case({1, {300}, 256, 512, CommMode::kPull, 128, 0, 0}, 11, &split);
+  EXPECT_EQ(split, 1);
+}
+TEST(AgGemmCuda, World2SplitLastWavePull) {
+  int split = 0;
+  run_case({2, {333, 667}, 256, 512, CommMode::kPull, 128, 0, 0}, 12, &split);
+  EXPECT_EQ(split, 2);
+}
+TEST(AgGemmCuda, World2SplitLastWavePush) {
+  int split = 0;
+  run_case({2, {1, 999}, 512, 512, CommMode::kPush, 64, 0, 0}, 13, &split);
+  EXPECT_EQ(split, 2);
+}
 // The GEMM on all the SMs it is given (not 1), with many tiles: the comm program must still run.
 TEST(AgGemmCuda, World2FullWidthCopyEngine) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 512, 0, 0}, 7); }
 // SM-driven comm co-running with the GEMM (its kernel launched first, so its blocks hold their SMs).

@@ -30,7 +30,8 @@ struct Case {
   CommMode mode = CommMode::kPull;
 };
 
-void run_case(const Case& tc, uint64_t seed) {
+// split_ranks: set to the number of ranks whose GEMM splits its last wave.
+void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr) {
   SCOPED_TRACE(::testing::Message() << "world " << tc.world << " n " << tc.n << " comm SMs "
                                     << tc.comm_sms << " seed " << seed);
   tlc::WorldOptions wo;
@@ -49,6 +50,10 @@ void run_case(const Case& tc, uint64_t seed) {
   cfg.comm_tile_rows = tc.comm_tile_rows;
   cfg.comm_tile_cols = tc.comm_tile_cols;
   tlc::GemmRs op(world, rows, N, tc.k_split, DType::kBF16, cfg);
+  if (split_ranks != nullptr) {
+    *split_ranks = 0;
+    for (int r = 0; r < tc.world; ++r) *split_ranks += op.gemm_work(r).split.tiles > 0;
+  }
 
   std::mt19937_64 rng(seed);
   std::vector<std::vector<BF16>> ha(tc.world), hb(tc.world);
@@ -109,7 +114,12 @@ void run_case(const Case& tc, uint64_t seed) {
 
 }  // namespace
 
-TEST(GemmRsCuda, World1) { run_case({1, {300}, {512}, 512, 2, 64, 256}, 1); }
+// World1's GEMM (6 tiles, 8 k-blocks) splits its last wave in two parts of K (checked).
+TEST(GemmRsCuda, World1) {
+  int split = 0;
+  run_case({1, {300}, {512}, 512, 2, 64, 256}, 1, &split);
+  EXPECT_EQ(split, 1);
+}
 TEST(GemmRsCuda, World2Ragged) { run_case({2, {1000, 777}, {256, 512}, 1024, 8, 128, 512}, 2); }
 TEST(GemmRsCuda, World4EmptySegment) { run_case({4, {500, 0, 1, 620}, {128, 256, 64, 192}, 768, 4, 96, 256}, 3); }
 TEST(GemmRsCuda, World2RaggedPush) { run_case({2, {1000, 777}, {256, 512}, 1024, 8, 128, 512, CommMode::kPush}, 5); }

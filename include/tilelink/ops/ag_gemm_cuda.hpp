@@ -39,6 +39,7 @@
 #include <memory>
 #include <vector>
 
+#include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/runtime/world.hpp"
 #include "tilelink/tune/path_model.hpp"
@@ -48,6 +49,7 @@ namespace tilelink::cuda {
 namespace detail {
 class RankLanes;
 class CallEpochs;
+class EngineWorkspaces;
 }
 
 class AgGemm {
@@ -95,6 +97,9 @@ class AgGemm {
   // leaves kGraphSignalSms to the graph's one-thread signal kernels, and a pull runs on
   // kGraphPullSms SMs (ag_gemm_cuda.cu, comm_sms, says why).
   int gemm_sms(int rank) const;
+  // How rank `rank`'s GEMM spreads over its SMs: tiles, blocks, and the split of its last wave (the
+  // op gives the engine a workspace, so a last wave at most half full is split).
+  compute::sm90::GemmWork gemm_work(int rank) const;
   int comm_sms(int rank) const;
 
   static constexpr int kCopySpareSms = 4;  // left to the driver's device-to-device copies
@@ -123,6 +128,7 @@ class AgGemm {
   SymmetricBuffer ws_;
   std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
   std::unique_ptr<detail::CallEpochs> epochs_;
+  std::unique_ptr<detail::EngineWorkspaces> engine_ws_;  // the GEMM's split last wave
 };
 
 }  // namespace tilelink::cuda

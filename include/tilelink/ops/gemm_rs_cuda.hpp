@@ -31,6 +31,7 @@
 #include <memory>
 #include <vector>
 
+#include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
 #include "tilelink/runtime/world.hpp"
 #include "tilelink/tune/path_model.hpp"
@@ -40,6 +41,7 @@ namespace tilelink::cuda {
 namespace detail {
 class RankLanes;
 class CallEpochs;
+class EngineWorkspaces;
 }
 
 class GemmRs {
@@ -57,6 +59,9 @@ class GemmRs {
 
   const GemmRsPlan& plan(int rank) const { return plans_.at(rank); }
   int gemm_sms(int rank) const;
+  // How rank `rank`'s GEMM spreads over its SMs: tiles, blocks, and the split of its last wave (the
+  // op gives the engine a workspace, so a last wave at most half full is split).
+  compute::sm90::GemmWork gemm_work(int rank) const;
 
   // Enqueues one call on every local rank: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r],
   // c[r] = C_r [M_r, N]; ordered on world.stream(r).
@@ -86,6 +91,7 @@ class GemmRs {
   SymmetricBuffer ws_push_;
   std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
   std::unique_ptr<detail::CallEpochs> epochs_;
+  std::unique_ptr<detail::EngineWorkspaces> engine_ws_;  // the GEMM's split last wave
 };
 
 }  // namespace tilelink::cuda
