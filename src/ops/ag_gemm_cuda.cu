@@ -129,11 +129,8 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
 AgGemm::~AgGemm() = default;
 
 compute::sm90::GemmWork AgGemm::gemm_work(int rank) const {
-  compute::sm90::GemmArgs args =
-      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank));
-  engine_ws_->attach(args, rank);
-  world_.bind(rank);  // the SM count of the rank's device
-  return compute::sm90::gemm_work(args);
+  return engine_ws_->work(
+      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank)), rank);
 }
 
 int AgGemm::gemm_sms(int rank) const {

@@ -70,6 +70,12 @@ class EngineWorkspaces {
     args.workspace = ws_[r].ptr;
     args.workspace_bytes = ws_[r].bytes;
   }
+  // How rank r's launch with these arguments (and its workspace) spreads its work.
+  compute::sm90::GemmWork work(compute::sm90::GemmArgs args, int r) const {
+    attach(args, r);
+    world_.bind(r);  // the SM count of the rank's device
+    return compute::sm90::gemm_work(args);
+  }
 
  private:
   struct Workspace {

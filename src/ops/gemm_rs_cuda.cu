@@ -110,11 +110,8 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
 GemmRs::~GemmRs() = default;
 
 compute::sm90::GemmWork GemmRs::gemm_work(int rank) const {
-  compute::sm90::GemmArgs args =
-      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank));
-  engine_ws_->attach(args, rank);
-  world_.bind(rank);  // the SM count of the rank's device
-  return compute::sm90::gemm_work(args);
+  return engine_ws_->work(
+      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank)), rank);
 }
 
 int GemmRs::gemm_sms(int rank) const {
