@@ -31,11 +31,16 @@
 // round like the table, with the engine's A/A: the rate under the board's power cap (the H200
 // holds a GEMM at 700 W by lowering the SM clock: bench/notes/fused_ops_cuda.md, session 10),
 // where energy per FLOP decides, not latency.
+// --host-us: afterwards, per shape, the host time of one call (engine: sm90::gemm, argument checks
+// and descriptors included; cuBLAS: cublasGemmEx), 200 calls enqueued back to back without a sync
+// after 20 untimed ones, median of 5 such batches: what an eager (not graph-captured) caller pays
+// on the CPU for each GEMM.
 // TILELINK_CLI_TRACE=1 prints each batch's wall-clock span on stderr (to match clock samples).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +176,7 @@ int bench_gemm(Args& args) {
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 20261129));
   const bool plain = args.flag("--plain");  // the engine and cuBLAS only (quick engine sweeps)
   const bool no_split = args.flag("--no-split");  // no workspace: the last wave is never split
+  const bool host_us = args.flag("--host-us");
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
   const bool hooks_on = in == DType::kBF16 && out == DType::kBF16 && !plain;
@@ -407,6 +413,31 @@ int bench_gemm(Args& args) {
     }
     std::fflush(stdout);
 
+    // ---- host time a call: enqueued back to back, no sync inside a batch ----
+    if (host_us) {
+      auto per_call_us = [&](auto&& run) {
+        constexpr int kCalls = 200;
+        std::vector<double> batches;
+        for (int batch = 0; batch < 6; ++batch) {
+          CK(cudaStreamSynchronize(stream));
+          for (int i = 0; i < (batch == 0 ? 20 : 0); ++i) run();
+          CK(cudaStreamSynchronize(stream));
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < kCalls; ++i) run();
+          const auto t1 = std::chrono::steady_clock::now();
+          if (batch > 0)
+            batches.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / kCalls);
+        }
+        CK(cudaStreamSynchronize(stream));
+        std::sort(batches.begin(), batches.end());
+        return batches[batches.size() / 2];
+      };
+      const double eng_us = per_call_us(run_engine), blas_us = per_call_us(run_cublas);
+      std::printf("# host us a call %lldx%lldx%lld: engine %.2f, cuBLAS %.2f\n", (long long)m,
+                  (long long)n, (long long)k, eng_us, blas_us);
+      std::fflush(stdout);
+    }
+
     // ---- sustained: back-to-back launches, no flush, rounds in a rotating order ----
     if (sustained_ms > 0) {
       const int per_batch =
@@ -495,11 +526,12 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--no-verify] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--no-verify] "
      "[--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",
      &bench_gemm,
-     {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain", "--no-split"}});
+     {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain", "--no-split",
+      "--host-us"}});
 
 }  // namespace tilelink::cli

@@ -71,7 +71,8 @@ int resolved_sms(const GemmArgs& args, const DeviceInfo& d = current_device()) {
 }
 
 GemmSplit possible_split(const GemmArgs& args, int sms) {
-  const GemmSplit s = gemm_split(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k);
+  const GemmSplit s = gemm_split(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k,
+                                 args.m < kTileM ? args.m : kTileM);
   TL_REQUIRE(s.tiles <= kSplitMaxTiles, "sm90 gemm: " << s.tiles << " split tiles, more than the "
                                                       << kSplitMaxTiles << " the workspace holds");
   return s;

@@ -125,19 +125,24 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
 // The split last wave of a grid of `tiles` on `blocks` persistent blocks: the last wave's tiles,
 // when it is at most half full and K has at least kSplitMinKTiles k-blocks, in `parts` parts of K:
 // as many as the blocks allow, at most kSplitMaxParts, more than two only where each part keeps
-// kSplitMinPartKTiles k-blocks (their meeting costs more). {0, 1}: no split.
+// kSplitMinPartKTiles k-blocks (their meeting costs more), or kSplitMinPartKTilesFewRows where the
+// tiles hold at most kSplitFewRows rows of C (`rows`: M, or kTileM where M is larger; the meeting
+// moves only the rows of C). {0, 1}: no split.
 struct GemmSplit {
   int64_t tiles = 0;
   int parts = 1;
 };
 inline constexpr int64_t kSplitMinKTiles = 8;
 inline constexpr int64_t kSplitMinPartKTiles = 32;
+inline constexpr int64_t kSplitFewRows = 32;
+inline constexpr int64_t kSplitMinPartKTilesFewRows = 8;
 inline constexpr int kSplitMaxParts = 4;
-TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k) {
+TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k, int64_t rows = kTileM) {
   const int64_t tail = tiles % blocks, k_tiles = (k + kTileK - 1) / kTileK;
   if (tail == 0 || 2 * tail > blocks || k_tiles < kSplitMinKTiles) return {};
+  const int64_t min_part = rows <= kSplitFewRows ? kSplitMinPartKTilesFewRows : kSplitMinPartKTiles;
   int parts = blocks / tail < kSplitMaxParts ? static_cast<int>(blocks / tail) : kSplitMaxParts;
-  while (parts > 2 && k_tiles < kSplitMinPartKTiles * parts) --parts;
+  while (parts > 2 && k_tiles < min_part * parts) --parts;
   return {tail, parts};
 }
 // Workspace of a split: the flag records (16 bytes a split tile) at a fixed place for any shape,

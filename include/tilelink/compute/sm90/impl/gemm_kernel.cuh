@@ -189,6 +189,18 @@ TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
   return {p.order.at(whole + slot), k0, k1 - k0, slot, part};
 }
 
+// Whether consumer thread t's accumulators hold any of the tile's first `rows` rows (rows of C).
+template <class TiledMma>
+TL_DEVICE bool holds_rows_below(const TiledMma& tiled_mma, int t, int rows) {
+  using namespace cute;
+  Tensor tCcC = tiled_mma.get_thread_slice(t).partition_C(
+      make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));  // -> (row, col) in the tile
+  bool any = false;
+  CUTE_UNROLL
+  for (int i = 0; i < size(tCcC); ++i) any |= get<0>(tCcC(i)) < rows;
+  return any;
+}
+
 // The parts of a split tile meet (all 256 consumer threads, after their MMAs). Each part but the
 // last to arrive writes its accumulators to the workspace and returns false. The last waits for
 // them and returns true with the tile's sum in `accum`: it stores the tile. The sum is the fixed
@@ -198,9 +210,10 @@ TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
 // result does not depend on the order of arrival. The last waits only for blocks that have already
 // arrived and have nothing left to wait for, so the bound is for faults. A timed-out wait, or an
 // arrival count past the parts (a workspace not zero-filled), reports the tile to p.stall_report
-// (if set) and traps.
+// (if set) and traps. `live`: this thread holds rows of C (holds_rows_below); the others neither
+// write nor read partials, so a tile of a few rows (small M) moves a few KiB, not 128 KiB a part.
 template <class P, class Accum>
-TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, int t,
+TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, int t, bool live,
                                 uint32_t* arrival) {
   using cutlass::arch::NamedBarrier;
   constexpr auto kBarrier = cutlass::arch::ReservedNamedBarriers::StreamkBarrier0;
@@ -232,10 +245,12 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
   if (!last) {
     // with two parts only one ever writes: slot 0
     float4* mine = col + (parts == 2 ? 0 : unit.part) * kTileVecs;
-    CUTE_UNROLL
-    for (int i = 0; i < kVecs; ++i) {
-      mine[i * 256] =
-          make_float4(accum(4 * i), accum(4 * i + 1), accum(4 * i + 2), accum(4 * i + 3));
+    if (live) {
+      CUTE_UNROLL
+      for (int i = 0; i < kVecs; ++i) {
+        mine[i * 256] =
+            make_float4(accum(4 * i), accum(4 * i + 1), accum(4 * i + 2), accum(4 * i + 3));
+      }
     }
     NamedBarrier::sync(256, kBarrier);  // every thread's stores before thread 0's release
     if (t == 0) {
@@ -268,6 +283,7 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
       accum(4 * i + 2) += v.z, accum(4 * i + 3) += v.w;
     }
   };
+  if (!live) return true;  // rows past C: nothing to add, nothing stored
   if (parts == 2) {
     add_partials(0, -1);  // p0 + p1
     return true;
@@ -478,7 +494,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       read_state.advance(unit.k_count);
       bool stores = true;
       if constexpr (kMeet)
-        stores = meet_split_parts(p, unit, accum, mma_thread_idx, &shared.split_arrival);
+        stores =
+            meet_split_parts(p, unit, accum, mma_thread_idx,
+                             holds_rows_below(tiled_mma, mma_thread_idx, p.m - tile.m * kTileM),
+                             &shared.split_arrival);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
       auto store_from_registers = [&] {
