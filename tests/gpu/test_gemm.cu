@@ -240,10 +240,12 @@ TEST(Sm90Gemm, SplitLastWave) {
       {shape(300, 776, 6144), 40, true},  // kReduceAdd, 3 parts
       // a few rows of C (M <= kSplitFewRows): more parts, and the meeting moves only those rows
       {shape(1, 4104, 4096), 72},                             // 17 tiles: 4 parts of 16 k-blocks
-      {shape(32, 2056, 2048), 40},                            // 9 tiles: 4 parts of 8
-      {shape(33, 2056, 2048), 40},                            // 33 rows: 2 parts
+      {shape(64, 2056, 2048), 40},                            // 9 tiles: 4 parts of 8
+      {shape(65, 2056, 2048), 40},                            // 65 rows: 2 parts
       {shape(5, 1032, 2048, DType::kBF16, DType::kF32), 24},  // 4 parts
       {shape(5, 1032, 2048), 24, true},                       // kReduceAdd, 4 parts
+      {shape(3, 776, 2568), 20},                              // 4 tiles: 4 parts, ragged K
+      {shape(20, 1032, 1536), 36},                            // 5 tiles: 3 parts of 8
   };
   cases.push_back({shape(300, 264, 1024), 4});  // strided operands and output
   cases.back().args.lda = 1032, cases.back().args.ldb = 1040, cases.back().args.ldc = 280;
@@ -266,7 +268,7 @@ TEST(Sm90Gemm, SplitLastWave) {
     for (int rep = 0; rep < 2; ++rep) run_and_check(c.args, c.reduce);
   }
   EXPECT_EQ(split_cases, static_cast<int>(cases.size()) - 1);  // all but the control split
-  EXPECT_EQ(many_parts, 10);
+  EXPECT_EQ(many_parts, 12);
   // The rule: at most half a wave, at least kSplitMinKTiles k-blocks, more than two parts only
   // with kSplitMinPartKTiles k-blocks each (kSplitMinPartKTilesFewRows for at most kSplitFewRows
   // rows of C).
@@ -276,9 +278,10 @@ TEST(Sm90Gemm, SplitLastWave) {
   };
   EXPECT_EQ(split(16, 132, 4096), (std::pair<int64_t, int>{16, 2}));
   EXPECT_EQ(split(16, 132, 4096, 1), (std::pair<int64_t, int>{16, 4}));
-  EXPECT_EQ(split(16, 132, 4096, 32), (std::pair<int64_t, int>{16, 4}));
-  EXPECT_EQ(split(16, 132, 4096, 33), (std::pair<int64_t, int>{16, 2}));
+  EXPECT_EQ(split(16, 132, 4096, 64), (std::pair<int64_t, int>{16, 4}));
+  EXPECT_EQ(split(16, 132, 4096, 65), (std::pair<int64_t, int>{16, 2}));
   EXPECT_EQ(split(16, 132, 1536, 1), (std::pair<int64_t, int>{16, 3}));  // 24 k-blocks
+  EXPECT_EQ(split(32, 132, 8192, 1), (std::pair<int64_t, int>{32, 4}));  // 4 parts fill the SMs
   EXPECT_EQ(split(192, 132, 8192), (std::pair<int64_t, int>{60, 2}));
   EXPECT_EQ(split(64, 132, 8192), (std::pair<int64_t, int>{64, 2}));
   EXPECT_EQ(split(32, 132, 8192), (std::pair<int64_t, int>{32, 4}));
@@ -308,7 +311,7 @@ __global__ void hold_sms(uint32_t seed, long long max_cycles) {
 
 // The split's sum does not depend on which part arrives last: the parts of each split tile start
 // in a different order on every launch (hold_sms in front of it), and fp32 outputs must match the
-// first launch's bit for bit (2, 3 and 4 parts; a tile of a few rows).
+// first launch's bit for bit (2, 3 and 4 parts; 3 and 4 parts of a tile of a few rows).
 TEST(Sm90Gemm, SplitSumDoesNotDependOnArrival) {
   int sms = 0, smem = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -324,7 +327,8 @@ TEST(Sm90Gemm, SplitSumDoesNotDependOnArrival) {
   for (Case c : {Case{shape(17, 264, 8192, DType::kBF16, DType::kF32), 8, 4},
                  Case{shape(300, 776, 6144, DType::kBF16, DType::kF32), 40, 3},
                  Case{shape(1000, 1032, 1000, DType::kF16, DType::kF32), 16, 2},
-                 Case{shape(5, 1032, 2048, DType::kBF16, DType::kF32), 24, 4}}) {  // a few rows
+                 Case{shape(5, 1032, 2048, DType::kBF16, DType::kF32), 24, 4},  // a few rows
+                 Case{shape(20, 1032, 1536, DType::kF16, DType::kF32), 36, 3}}) {
     GemmArgs& a = c.args;
     a.num_sms = c.sms;
     SCOPED_TRACE(::testing::Message()

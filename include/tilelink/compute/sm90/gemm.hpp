@@ -134,7 +134,7 @@ struct GemmSplit {
 };
 inline constexpr int64_t kSplitMinKTiles = 8;
 inline constexpr int64_t kSplitMinPartKTiles = 32;
-inline constexpr int64_t kSplitFewRows = 32;
+inline constexpr int64_t kSplitFewRows = 64;
 inline constexpr int64_t kSplitMinPartKTilesFewRows = 8;
 inline constexpr int kSplitMaxParts = 4;
 TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k, int64_t rows = kTileM) {
