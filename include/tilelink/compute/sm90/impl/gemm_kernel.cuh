@@ -658,7 +658,6 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   using namespace cute;
   using ElementIn = typename Cfg::ElementIn;
   using ElementOut = typename Cfg::ElementOut;
-  using Mainloop = typename Cfg::Mainloop;
   using Params = KernelParams<Cfg, Hooks, kAltA>;
 
   const int64_t lda = args.lda ? args.lda : args.k;
@@ -676,16 +675,14 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
     // Without a second source, the band is empty and its descriptors repeat A's (they are still
     // prefetched, so they must be valid).
     const bool alt = args.a_alt != nullptr;
-    const void* alt_a = alt ? args.a_alt : args.a;
-    const int64_t alt_lda = alt ? (args.lda_alt ? args.lda_alt : args.k) : lda;
-    const int64_t alt_rows = alt ? args.a_alt_rows : args.m;
-    typename Mainloop::Arguments alt_args{
-        static_cast<const ElementIn*>(alt_a), typename Mainloop::StrideA{alt_lda, Int<1>{}, alt_lda * alt_rows},
-        static_cast<const ElementIn*>(args.b), typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
-    const auto alt_problem =
-        make_shape(static_cast<int>(alt_rows), static_cast<int>(args.n), static_cast<int>(args.k), 1);
-    p.mainloop_alt = Mainloop::to_underlying_arguments(alt_problem, alt_args, nullptr);
-    p.alt_rows = static_cast<int>(alt_rows);
+    GemmArgs alt_args = args;  // A's band as the whole A, B as it is
+    if (alt) {
+      alt_args.a = args.a_alt;
+      alt_args.lda = args.lda_alt;
+      alt_args.m = args.a_alt_rows;
+    }
+    p.mainloop_alt = mainloop_params<Cfg>(alt_args);
+    p.alt_rows = static_cast<int>(alt_args.m);
     p.alt_tile0 = alt ? static_cast<int>(args.a_alt_row0 / kTileM) : 0;
     p.alt_tiles = alt ? static_cast<int>(ceil_div(args.a_alt_rows, kTileM)) : 0;
   }
