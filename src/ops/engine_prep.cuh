@@ -30,6 +30,7 @@ compute::sm90::GemmArgs engine_args(const Plan& p, const void* a, const void* b,
   args.start_m = p.compute_order.start_m;
   args.group_m = p.compute_order.group_m;
   args.row_bands = p.compute_order.bands;
+  args.tile_n = compute::sm90::kTileN;  // the plans map their signals onto these tiles
   return args;
 }
 
@@ -113,6 +114,7 @@ void prepare_engine(World& world, HooksOf&& hooks_of) {
     args.n = 8;
     args.k = 512;
     args.num_sms = 2;  // one tile on two blocks: two parts of 4 k-blocks each
+    args.tile_n = compute::sm90::kTileN;  // the width the op's launches take
     const int64_t ws_bytes = compute::sm90::gemm_workspace_bytes(args);
     void* scratch = nullptr;
     TL_CUDA_CHECK(cudaMalloc(&scratch, kA + kB + kC + ws_bytes));

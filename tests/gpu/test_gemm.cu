@@ -84,9 +84,12 @@ void run_and_check(GemmArgs args, bool reduce = false) {
   }
 }
 
-GemmArgs shape(int64_t m, int64_t n, int64_t k, DType in = DType::kBF16, DType out = DType::kBF16) {
+// kTileN-wide tiles (the cases below count tiles of that width); NarrowTiles and PickTileN take
+// the others.
+GemmArgs shape(int64_t m, int64_t n, int64_t k, DType in = DType::kBF16, DType out = DType::kBF16,
+               int tile_n = kTileN) {
   GemmArgs a;
-  a.m = m, a.n = n, a.k = k, a.in_type = in, a.out_type = out;
+  a.m = m, a.n = n, a.k = k, a.in_type = in, a.out_type = out, a.tile_n = tile_n;
   return a;
 }
 
@@ -451,6 +454,98 @@ TEST(Sm90Gemm, EmptyM) {
   CK(cudaFree(p));
 }
 
+// 192-wide tiles (GemmArgs::tile_n = kTileNNarrow): aligned and ragged shapes, every dtype pair,
+// strided and unaligned C, kReduceAdd, the TMA-store configuration (several tiles a block) and
+// split last waves of 2 to 4 parts.
+TEST(Sm90Gemm, NarrowTiles) {
+  auto narrow = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                   DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNNarrow); };
+  for (auto [m, n, k] : {std::tuple{128, 192, 64}, {1000, 776, 1032}, {2048, 2304, 1024}}) {
+    run_and_check(narrow(m, n, k));
+  }
+  for (int64_t m : {1, 17, 64, 65, 1000}) {
+    for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(narrow(m, n, k));
+  }
+  for (auto [in, out] : {std::pair{DType::kBF16, DType::kF32},
+                         {DType::kF16, DType::kF16},
+                         {DType::kF16, DType::kF32}}) {
+    run_and_check(narrow(1000, 776, 1032, in, out));
+  }
+  GemmArgs strided = narrow(300, 264, 200);
+  strided.lda = 208, strided.ldb = 216, strided.ldc = 280;
+  run_and_check(strided);
+  strided.ldc = 276;  // rows not 16-byte aligned: the pair-store epilogue
+  run_and_check(strided);
+  run_and_check(narrow(1000, 776, 1032), true);
+  run_and_check(narrow(17, 264, 72, DType::kF16, DType::kF32), true);
+  struct Case {
+    GemmArgs args;
+    int sms;
+    bool tma_store, split;
+  };
+  for (Case c : {Case{narrow(1000, 1032, 520), 13, true, false},  // 48 tiles: 3-4 a block
+                 Case{narrow(1000, 1032, 1000), 20, true, true},  // 8 of 48 split
+                 Case{narrow(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
+                 Case{narrow(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
+                 Case{narrow(1000, 1032, 1000, DType::kF16, DType::kF32), 20, false, true}}) {
+    c.args.num_sms = c.sms;
+    SCOPED_TRACE(::testing::Message()
+                 << c.args.m << "x" << c.args.n << "x" << c.args.k << " on " << c.sms << " blocks");
+    std::optional<SplitWorkspace> ws;
+    if (c.split) ws.emplace(c.args);
+    const GemmWork w = gemm_work(c.args);
+    EXPECT_EQ(w.tile_n, kTileNNarrow);
+    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, kTileNNarrow).num_tiles());
+    EXPECT_EQ(gemm_tma_store_config(c.args.out_type, w.tiles, w.blocks), c.tma_store);
+    EXPECT_EQ(w.split.tiles > 0, c.split);
+    for (int rep = 0; rep < 2; ++rep) run_and_check(c.args);
+  }
+}
+
+// The engine's pick of the tile width (tile_n 0): the narrow tile where its waves are shorter by
+// the rule's margin, never for a few rows; the pick's launch is correct, sized and split as the
+// pick says; a width that is neither is refused.
+TEST(Sm90Gemm, PickTileN) {
+  // 132 SMs: 96 tiles of 256 (one wave 73% full) against 129 of 192 (98%): narrow.
+  EXPECT_EQ(gemm_pick_tile_n(384, 8192, 8192, 132), kTileNNarrow);
+  EXPECT_EQ(gemm_pick_tile_n(896, 8192, 8192, 132), kTileNNarrow);   // 2 waves -> 2 + a split third
+  EXPECT_EQ(gemm_pick_tile_n(1536, 6144, 8192, 132), kTileNNarrow);  // 2 + a split third -> 3
+  EXPECT_EQ(gemm_pick_tile_n(128, 4096, 8192, 132),
+            kTileNNarrow);  // both split; 22 tiles of 4 parts
+  for (auto [m, n, k] : {std::tuple{8192, 8192, 8192},
+                         {8192, 3584, 8192},
+                         {8192, 8192, 3584},
+                         {8192, 1536, 4096},
+                         {8192, 4096, 1536},
+                         {4096, 3072, 8192},
+                         {16384, 1024, 8192},
+                         {2048, 28672, 8192},
+                         {512, 8192, 8192},
+                         {1024, 4096, 4096},
+                         {4096, 4096, 4096},
+                         {3072, 8192, 8192}}) {
+    EXPECT_EQ(gemm_pick_tile_n(m, n, k, 132), kTileN) << m << "x" << n << "x" << k;
+  }
+  for (int64_t m : {1, 32, 64}) EXPECT_EQ(gemm_pick_tile_n(m, 1280, 8192, 132), kTileN) << m;
+  EXPECT_EQ(gemm_pick_tile_n(65, 1280, 8192, 132), kTileNNarrow);  // 5 tiles -> 7, both in 4 parts
+
+  // A launch that leaves the pick to the engine: 3 x 43 = 129 tiles on 132 blocks.
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  GemmArgs a = shape(384, 8192, 1024);
+  a.tile_n = 0;
+  a.num_sms = 132 <= sms ? 132 : sms;
+  const int expect = gemm_pick_tile_n(a.m, a.n, a.k, a.num_sms);
+  EXPECT_EQ(gemm_work(a).tile_n, expect);
+  EXPECT_EQ(gemm_tile_grid(a).tile_n, expect);
+  {
+    SplitWorkspace ws(a);
+    run_and_check(a);
+  }
+  a.tile_n = 128;
+  EXPECT_THROW(gemm_work(a), Error);
+}
+
 // ---- hooks -------------------------------------------------------------------------------------
 
 // Records, per tile: the notify ticket (order of notification) and the SM that notified it.
@@ -494,7 +589,7 @@ struct HookRun {
 };
 
 HookRun run_with_hooks(GemmArgs args, bool delayed, uint64_t epoch) {
-  const TileGrid g = gemm_tile_grid(args.m, args.n);
+  const TileGrid g = gemm_tile_grid(args);
   const int tiles = g.num_tiles();
   Buffers buf;
   void* a_src = nullptr;
@@ -589,7 +684,7 @@ TEST(Sm90GemmHooks, OneBlockFollowsTileOrder) {
 // An observer on another stream acquires each tile's notify signal and then reads the tile from C:
 // every element must be written by then (C starts poisoned). The store warp's TMA path must
 // complete the tile's writes before the hook's release.
-__global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_t n,
+__global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_t n, int tile_n,
                                        uint64_t* notify, int tiles_m, int tiles_n, uint64_t epoch,
                                        int* unwritten, int* timed_out) {
   __shared__ int ready;
@@ -603,9 +698,9 @@ __global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_
     }
     __syncthreads();  // orders the acquire before every thread's reads
     if (ready) {
-      const int64_t r0 = int64_t(t / tiles_n) * kTileM, c0 = int64_t(t % tiles_n) * kTileN;
+      const int64_t r0 = int64_t(t / tiles_n) * kTileM, c0 = int64_t(t % tiles_n) * tile_n;
       const int64_t rows = std::min<int64_t>(kTileM, m - r0),
-                    cols = std::min<int64_t>(kTileN, n - c0);
+                    cols = std::min<int64_t>(tile_n, n - c0);
       int bad = 0;
       for (int64_t i = threadIdx.x; i < rows * cols; i += blockDim.x) {
         const float v = __bfloat162float(c[(r0 + i / cols) * n + c0 + i % cols]);
@@ -620,16 +715,23 @@ __global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_
 TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
   // 40 tiles on 2 blocks: the TMA-store configuration; on 24 (one or two tiles a block): register
   // stores. With a workspace, on 13 (TMA) and 32 (register) blocks the last wave is split: only
-  // the half that stores a tile notifies it.
-  for (auto [sms, split] : {std::pair{2, false}, {24, false}, {13, true}, {32, true}}) {
-    GemmArgs a = shape(1000, 1032, 1024);
+  // the half that stores a tile notifies it. The same with 192-wide tiles (48 of them; split on
+  // 20).
+  for (auto [sms, split, tile_n] : {std::tuple{2, false, kTileN},
+                                    {24, false, kTileN},
+                                    {13, true, kTileN},
+                                    {32, true, kTileN},
+                                    {2, false, kTileNNarrow},
+                                    {20, true, kTileNNarrow}}) {
+    GemmArgs a = shape(1000, 1032, 1024, DType::kBF16, DType::kBF16, tile_n);
     a.num_sms = sms;
     std::optional<SplitWorkspace> ws;
     if (split) {
       ws.emplace(a);
       ASSERT_GT(gemm_work(a).split.tiles, 0);
     }
-    const TileGrid g = gemm_tile_grid(a.m, a.n);
+    const TileGrid g = gemm_tile_grid(a);
+    ASSERT_EQ(g.tile_n, tile_n);
     const int tiles = static_cast<int>(g.num_tiles());
     Buffers buf;
     uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
@@ -656,8 +758,8 @@ TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
     CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
     observe_notified_tiles<<<1, 256, 0, s2>>>(static_cast<const __nv_bfloat16*>(buf.c), a.m, a.n,
-                                              notify_sig, g.tiles_m(), g.tiles_n(), 1, counts,
-                                              counts + 1);
+                                              g.tile_n, notify_sig, g.tiles_m(), g.tiles_n(), 1,
+                                              counts, counts + 1);
     CK(cudaGetLastError());
     launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(a, hooks, s1);
     CK(cudaDeviceSynchronize());

@@ -12,6 +12,7 @@ using namespace tilelink::compute::sm90;
 TEST(Sm90GemmStall, DirtyWorkspaceTrapsAndReportsTheTile) {
   GemmArgs a;
   a.m = 300, a.n = 776, a.k = 1024, a.num_sms = 8;  // 12 tiles on 8 blocks: the last 4 split
+  a.tile_n = kTileN;
   void *buf = nullptr, *ws = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, 4 << 20), cudaSuccess);
   ASSERT_EQ(cudaMemset(buf, 0, 4 << 20), cudaSuccess);

@@ -35,6 +35,8 @@
 // and descriptors included; cuBLAS: cublasGemmEx), 200 calls enqueued back to back without a sync
 // after 20 untimed ones, median of 5 such batches: what an eager (not graph-captured) caller pays
 // on the CPU for each GEMM.
+// --tile-n N: every launch (engine and hooks) with N-wide tiles (GemmArgs::tile_n); 0, the default:
+// the engine's pick (gemm_pick_tile_n), listed after the table where it is the narrow one.
 // TILELINK_CLI_TRACE=1 prints each batch's wall-clock span on stderr (to match clock samples).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -177,6 +179,7 @@ int bench_gemm(Args& args) {
   const bool plain = args.flag("--plain");  // the engine and cuBLAS only (quick engine sweeps)
   const bool no_split = args.flag("--no-split");  // no workspace: the last wave is never split
   const bool host_us = args.flag("--host-us");
+  const int tile_n = static_cast<int>(args.get_int("--tile-n", 0));  // 0: the engine picks
   args.finish();
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
   const bool hooks_on = in == DType::kBF16 && out == DType::kBF16 && !plain;
@@ -188,10 +191,12 @@ int bench_gemm(Args& args) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
   std::printf(
-      "# device: %s, %d SMs, L2 %d MB; engine tile %dx%dx%d, num_sms %d; %s -> %s; reps %d, warmup "
+      "# device: %s, %d SMs, L2 %d MB; engine tile %dx%sx%d, num_sms %d; %s -> %s; reps %d, warmup "
       "%d%s%s%s\n",
-      prop.name, sms, l2 >> 20, sm90::kTileM, sm90::kTileN, sm90::kTileK, num_sms ? num_sms : sms,
-      std::string(dtype_name(in)).c_str(), std::string(dtype_name(out)).c_str(), reps, warmup,
+      prop.name, sms, l2 >> 20, sm90::kTileM,
+      tile_n ? std::to_string(tile_n).c_str() : "(256|192: gemm_pick_tile_n)", sm90::kTileK,
+      num_sms ? num_sms : sms, std::string(dtype_name(in)).c_str(),
+      std::string(dtype_name(out)).c_str(), reps, warmup,
       hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "",
       warm_code ? "; each timed launch after an untimed one of the same variant (--warm-code)" : "",
       no_split ? "; the last wave never split (--no-split)" : "");
@@ -217,7 +222,7 @@ int bench_gemm(Args& args) {
     std::printf(
         "m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
         "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas,"
-        "hooks_us\n");
+        "hooks_us,tile_n\n");
   else
     std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %6s %6s | %8s %8s %8s\n", "M",
                 "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
@@ -225,13 +230,20 @@ int bench_gemm(Args& args) {
 
   std::vector<double> ratios, overheads, overheads_us, aa_abs, ag_overheads, rs_overheads,
       sustained_ratios;
+  std::string narrow_shapes;  // shapes that took kTileNNarrow tiles
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
     void *a = nullptr, *b = nullptr, *c = nullptr, *c_blas = nullptr;
     float* refc = nullptr;
     uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
-    const TileGrid grid = sm90::gemm_tile_grid(m, n);
+    sm90::GemmArgs ga;
+    ga.m = m, ga.n = n, ga.k = k, ga.num_sms = num_sms, ga.tile_n = tile_n;
+    const TileGrid grid = sm90::gemm_tile_grid(ga);  // the hooks' tiles: the launch's width
+    if (grid.tile_n != sm90::kTileN) {
+      narrow_shapes += (narrow_shapes.empty() ? "" : ", ") + std::to_string(m) + "x" +
+                       std::to_string(n) + "x" + std::to_string(k);
+    }
     CK(cudaMalloc(&a, m * k * dtype_size(in)));
     CK(cudaMalloc(&b, n * k * dtype_size(in)));
     CK(cudaMalloc(&c, m * n * dtype_size(out)));
@@ -244,8 +256,7 @@ int bench_gemm(Args& args) {
     ref::fill_uniform(a, in, m * k, seed ^ (m * 31 + n * 7 + k), 1.0f, stream);
     ref::fill_uniform(b, in, n * k, ~seed ^ (m * 13 + n * 5 + k), 1.0f, stream);
 
-    sm90::GemmArgs ga;
-    ga.a = a, ga.b = b, ga.c = c, ga.m = m, ga.n = n, ga.k = k;
+    ga.a = a, ga.b = b, ga.c = c;
     ga.in_type = in, ga.out_type = out, ga.num_sms = num_sms, ga.group_m = group_m;
     if (!no_split) split_ws.attach(ga, stream);  // the split last wave's workspace
     BenchHooks hooks;
@@ -380,11 +391,11 @@ int bench_gemm(Args& args) {
     if (csv)
       std::printf(
           "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e,"
-          "%.3f\n",
+          "%.3f,%d\n",
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
           p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas,
-          hooks_us);
+          hooks_us, grid.tile_n);
     else {
       auto err = [](double e) {  // "-": not checked (--no-verify, or no hooks for this type)
         char buf[16] = "-";
@@ -488,6 +499,10 @@ int bench_gemm(Args& args) {
     CK(cudaFree(wait_sig));
     CK(cudaFree(notify_sig));
   }
+  if (!narrow_shapes.empty() && !csv) {
+    std::printf("# %dx%d tiles (gemm_pick_tile_n or --tile-n): %s\n", sm90::kTileM,
+                sm90::kTileNNarrow, narrow_shapes.c_str());
+  }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
   std::printf("# ratio to cuBLAS: median %.3f, min %.3f", sorted_median(sorted), sorted.front());
@@ -526,7 +541,7 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--no-verify] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192] [--no-verify] "
      "[--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",

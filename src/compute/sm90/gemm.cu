@@ -34,8 +34,8 @@ bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) %
 
 }  // namespace
 
-int gemm_default_group_m(int64_t m, int64_t n, int num_blocks) {
-  const TileGrid g = gemm_tile_grid(m, n);
+int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n) {
+  const TileGrid g = gemm_tile_grid(m, n, tile_n);
   // A wave of num_blocks tiles laid out as (rows x cols) with rows = 2 cols covers a square of C.
   int group = 1;
   while (2 * group * group < num_blocks) ++group;  // group ~ sqrt(num_blocks / 2) tile columns
@@ -51,12 +51,13 @@ int gemm_default_group_m(int64_t m, int64_t n, int num_blocks) {
 }
 
 TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks) {
-  const TileGrid g = gemm_tile_grid(args.m, args.n);
+  const TileGrid g = gemm_tile_grid(args);
   TileOrder o;
   o.tiles_m = g.tiles_m();
   o.tiles_n = g.tiles_n();
   o.start_m = args.start_m;
-  o.group_m = args.group_m > 0 ? args.group_m : gemm_default_group_m(args.m, args.n, num_blocks);
+  o.group_m =
+      args.group_m > 0 ? args.group_m : gemm_default_group_m(args.m, args.n, num_blocks, g.tile_n);
   o.bands = args.row_bands;
   return o;
 }
@@ -70,9 +71,18 @@ int resolved_sms(const GemmArgs& args, const DeviceInfo& d = current_device()) {
   return args.num_sms == 0 ? d.sms : args.num_sms;
 }
 
+// The tile width: args.tile_n, or the pick for the SMs the launch may use.
+int resolved_tile_n(const GemmArgs& args, int sms) {
+  TL_REQUIRE(args.tile_n == 0 || args.tile_n == kTileN || args.tile_n == kTileNNarrow,
+             "sm90 gemm: tile_n must be 0 (the engine picks), " << kTileN << " or " << kTileNNarrow
+                                                                << ", got " << args.tile_n);
+  return args.tile_n != 0 ? args.tile_n : gemm_pick_tile_n(args.m, args.n, args.k, sms);
+}
+
 GemmSplit possible_split(const GemmArgs& args, int sms) {
-  const GemmSplit s = gemm_split(gemm_tile_grid(args.m, args.n).num_tiles(), sms, args.k,
-                                 args.m < kTileM ? args.m : kTileM);
+  const GemmSplit s =
+      gemm_split(gemm_tile_grid(args.m, args.n, resolved_tile_n(args, sms)).num_tiles(), sms,
+                 args.k, args.m < kTileM ? args.m : kTileM);
   TL_REQUIRE(s.tiles <= kSplitMaxTiles, "sm90 gemm: " << s.tiles << " split tiles, more than the "
                                                       << kSplitMaxTiles << " the workspace holds");
   return s;
@@ -83,7 +93,8 @@ GemmSplit possible_split(const GemmArgs& args, int sms) {
 GemmWork gemm_work(const GemmArgs& args) {
   const int sms = resolved_sms(args);
   GemmWork w;
-  w.tiles = gemm_tile_grid(args.m, args.n).num_tiles();
+  w.tile_n = resolved_tile_n(args, sms);
+  w.tiles = gemm_tile_grid(args.m, args.n, w.tile_n).num_tiles();
   if (args.workspace != nullptr) w.split = possible_split(args, sms);
   const int64_t units = w.tiles + (w.split.parts - 1) * w.split.tiles;
   w.blocks = static_cast<int>(units < sms ? (units < 1 ? 1 : units) : sms);
@@ -92,8 +103,13 @@ GemmWork gemm_work(const GemmArgs& args) {
 
 int gemm_num_blocks(const GemmArgs& args) { return gemm_work(args).blocks; }
 
+TileGrid gemm_tile_grid(const GemmArgs& args) {
+  return gemm_tile_grid(args.m, args.n, resolved_tile_n(args, resolved_sms(args)));
+}
+
 int64_t gemm_workspace_bytes(const GemmArgs& args) {
-  return gemm_split_workspace_bytes(possible_split(args, resolved_sms(args)));
+  const int sms = resolved_sms(args);
+  return gemm_split_workspace_bytes(possible_split(args, sms), resolved_tile_n(args, sms));
 }
 
 void gemm_check(const GemmArgs& a) {
@@ -113,7 +129,7 @@ void gemm_check(const GemmArgs& a) {
   TL_REQUIRE(aligned(a.a, 16) && aligned(a.b, 16), "sm90 gemm: A and B must be 16-byte aligned (TMA)");
   TL_REQUIRE(aligned(a.c, 2 * dtype_size(a.out_type)),
              "sm90 gemm: C must be aligned to " << 2 * dtype_size(a.out_type) << " bytes");
-  const TileGrid g = gemm_tile_grid(a.m, a.n);
+  const TileGrid g = gemm_tile_grid(a.m, a.n);  // tile rows: the same at either width
   TL_REQUIRE(a.start_m >= 0 && (a.start_m < g.tiles_m() || a.start_m == 0),
              "sm90 gemm: start_m must be in [0, " << g.tiles_m() << "), got " << a.start_m);
   TL_REQUIRE(a.group_m >= 0, "sm90 gemm: group_m must be >= 0 (0 = heuristic), got " << a.group_m);

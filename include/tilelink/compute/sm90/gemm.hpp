@@ -67,9 +67,12 @@ namespace tilelink::compute::sm90 {
 
 enum class EpilogueMode : uint8_t { kStore, kReduceAdd };
 
-// The engine's output tile (the grid a fused op maps its signal slots onto).
+// The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
+// launch may instead take tiles kTileNNarrow wide (GemmArgs::tile_n, gemm_pick_tile_n), where they
+// fill the SMs' waves better; the fused ops name kTileN.
 inline constexpr int kTileM = 128;
 inline constexpr int kTileN = 256;
+inline constexpr int kTileNNarrow = 192;
 inline constexpr int kTileK = 64;
 
 // Where the engine reports, before it traps, that the split last wave (see above) cannot go on:
@@ -96,6 +99,9 @@ struct GemmArgs {
   int start_m = 0;  // TileOrder: first tile row visited
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
   int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
+  // Width of the output tiles: kTileN or kTileNNarrow; 0: the engine picks (gemm_pick_tile_n). The
+  // hooks see tiles of gemm_tile_grid(args); an op that maps signals onto tiles names its width.
+  int tile_n = 0;
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
   // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band
   // starts on a tile row (a multiple of kTileM) and ends on one or at M. Only launch_gemm<..., true>
@@ -112,12 +118,14 @@ struct GemmArgs {
 };
 
 // The output tile grid of a problem (the shape mapping of the engine's tiles).
-TL_HD inline TileGrid gemm_tile_grid(int64_t m, int64_t n) { return TileGrid{m, n, kTileM, kTileN}; }
+TL_HD inline TileGrid gemm_tile_grid(int64_t m, int64_t n, int tile_n = kTileN) {
+  return TileGrid{m, n, kTileM, tile_n};
+}
 
 // group_m heuristic: about twice as many tile rows as tile columns in one wave of resident tiles
 // (128x256 tiles make that footprint square), capped by the grid; 1 (row-major) when the grid is
 // so narrow that a wave holds whole tile rows even at that width.
-int gemm_default_group_m(int64_t m, int64_t n, int num_blocks);
+int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n = kTileN);
 
 // The tile order the engine walks for these arguments (after defaults are resolved).
 TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
@@ -151,22 +159,50 @@ TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k, int64_t 
 inline constexpr int64_t kSplitFlagsBytes = 16;
 inline constexpr int64_t kSplitMaxTiles = 1024;  // > SMs / 2 on any GPU
 inline constexpr int64_t kSplitFlagsRegionBytes = kSplitMaxTiles * kSplitFlagsBytes;
-inline constexpr int64_t kSplitPartialBytes = int64_t{kTileM} * kTileN * 4;
+TL_HD inline int64_t gemm_split_partial_bytes(int tile_n) { return int64_t{kTileM} * tile_n * 4; }
 TL_HD inline int64_t gemm_split_partials(const GemmSplit& s) { return s.parts == 2 ? 1 : s.parts; }
-TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s) {
-  return s.tiles > 0
-             ? kSplitFlagsRegionBytes + s.tiles * gemm_split_partials(s) * kSplitPartialBytes
-             : 0;
+TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n = kTileN) {
+  return s.tiles > 0 ? kSplitFlagsRegionBytes +
+                           s.tiles * gemm_split_partials(s) * gemm_split_partial_bytes(tile_n)
+                     : 0;
 }
 
-// How a launch with these arguments spreads its work: tiles, the split of its last wave (only with
-// a workspace), and blocks = min(SMs, tiles + (parts - 1) * split tiles). Checks num_sms.
+// The tile width the engine picks for an M x N x K launch on `blocks` SMs: the one whose waves take
+// less time, counting each wave as its tiles' width (a tile's time is proportional to its width)
+// and a split last wave (gemm_split) as 1 / parts of a wave plus kSplitWaveCost; kTileNNarrow only
+// where that is under kNarrowTileGain of kTileN's (its tiles run ~2% less efficiently; measured in
+// bench/notes/gemm.md, session 16), and never for M <= kSplitFewRows (decode: measured slower).
+inline constexpr double kSplitWaveCost = 0.1;
+inline constexpr double kNarrowTileGain = 0.965;
+TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
+  const int64_t tiles = gemm_tile_grid(m, n, tile_n).num_tiles();
+  const GemmSplit split = gemm_split(tiles, blocks, k, m < kTileM ? m : kTileM);
+  const double waves =
+      split.tiles > 0 ? static_cast<double>(tiles / blocks) + 1.0 / split.parts + kSplitWaveCost
+                      : static_cast<double>((tiles + blocks - 1) / blocks);
+  return waves * tile_n;
+}
+TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
+  if (m <= kSplitFewRows) return kTileN;
+  return gemm_wave_cost(m, n, k, blocks, kTileNNarrow) <
+                 kNarrowTileGain * gemm_wave_cost(m, n, k, blocks, kTileN)
+             ? kTileNNarrow
+             : kTileN;
+}
+
+// How a launch with these arguments spreads its work: the tile width (args.tile_n, or the pick),
+// tiles, the split of its last wave (only with a workspace), and blocks = min(SMs, tiles +
+// (parts - 1) * split tiles). Checks num_sms.
 struct GemmWork {
+  int tile_n = kTileN;
   int64_t tiles = 0;
   GemmSplit split;
   int blocks = 1;
 };
 GemmWork gemm_work(const GemmArgs& args);
+
+// The tile grid a launch with these arguments walks (its hooks see these tiles).
+TileGrid gemm_tile_grid(const GemmArgs& args);
 
 // Number of persistent blocks a launch with these arguments uses (gemm_work(args).blocks).
 int gemm_num_blocks(const GemmArgs& args);

@@ -36,22 +36,23 @@ TL_DEVICE TL_INLINE void red_add_pair(float* dst, float x, float y) {
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
 }
 
-// Writes (or adds) this thread's part of the (kTileM x kTileN) accumulator tile `tile` into C[m, n]
+// Writes (or adds) this thread's part of the (kTileM x TileN) accumulator tile `tile` into C[m, n]
 // (row stride ldc), skipping rows >= m and columns >= n. mma_thread_idx is the thread's index among
 // the consumer threads of tiled_mma.
-template <class ElementOut, class TiledMma, class Accum>
+template <int TileN, class ElementOut, class TiledMma, class Accum>
 TL_DEVICE void store_tile(EpilogueMode mode, void* c_ptr, int64_t ldc, int m, int n, TileCoord tile,
                           TiledMma const& tiled_mma, int mma_thread_idx, Accum const& accum) {
   using namespace cute;
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
-  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // (BLK_M, BLK_N) -> (row, col)
+  Tensor cC = make_identity_tensor(
+      make_shape(Int<kTileM>{}, Int<TileN>{}));  // (BLK_M, BLK_N) -> (row, col)
   Tensor tCcC = thr_mma.partition_C(cC);                                        // (MMA, MMA_M, MMA_N)
   static_assert(decltype(size(tCcC))::value == decltype(size(accum))::value);
 
   const int row0 = tile.m * kTileM;
-  const int col0 = tile.n * kTileN;
+  const int col0 = tile.n * TileN;
   const int rows = m - row0 < kTileM ? m - row0 : kTileM;
-  const int cols = n - col0 < kTileN ? n - col0 : kTileN;
+  const int cols = n - col0 < TileN ? n - col0 : TileN;
   ElementOut* c = static_cast<ElementOut*>(c_ptr) + static_cast<int64_t>(row0) * ldc + col0;
 
   // NOTE: accumulator elements 2i and 2i+1 are columns c and c+1 of one row (wgmma C layout); c is
@@ -83,26 +84,28 @@ inline constexpr int kStageBytesPerWarp = kStageRows * kStagePitch;
 // column chunk it writes its fragment pairs into its staging buffer, then stores whole 16-byte row
 // segments (4 full 128-byte rows per warp instruction) instead of 4-byte pairs. Needs C and ldc such
 // that every row segment is 16-byte aligned (the host checks and otherwise uses store_tile).
-template <class ElementOut, class TiledMma, class Accum>
-TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoord tile, TiledMma const& tiled_mma,
-                                 int mma_thread_idx, Accum const& accum, uint8_t* warp_stage) {
+template <int TileN, class ElementOut, class TiledMma, class Accum>
+TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoord tile,
+                                 TiledMma const& tiled_mma, int mma_thread_idx, Accum const& accum,
+                                 uint8_t* warp_stage) {
   using namespace cute;
   constexpr int kChunkCols = 128 / static_cast<int>(sizeof(ElementOut));  // columns per 128-byte chunk
   constexpr int kSegCols = 16 / static_cast<int>(sizeof(ElementOut));     // columns per 16-byte segment
   constexpr int kPairsPerChunk = kChunkCols / 8;                           // 8-column groups per chunk
-  static_assert(kTileN % kChunkCols == 0);
+  static_assert(TileN % kChunkCols == 0);
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
-  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<TileN>{}));
   Tensor tCcC = thr_mma.partition_C(cC);  // (MMA, MMA_M, MMA_N) -> (row, col) in the tile
-  static_assert(decltype(size(accum))::value == 2 * 2 * (kTileN / 8), "one 16-row slab per warp expected");
+  static_assert(decltype(size(accum))::value == 2 * 2 * (TileN / 8),
+                "one 16-row slab per warp expected");
 
   const int lane = mma_thread_idx % 32;
   const int warp_row0 = get<0>(tCcC(0)) & ~(kStageRows - 1);  // first tile row of this warp's slab
-  const int row0 = tile.m * kTileM, col0 = tile.n * kTileN;
+  const int row0 = tile.m * kTileM, col0 = tile.n * TileN;
   ElementOut* c = static_cast<ElementOut*>(c_ptr);
 
   CUTE_UNROLL
-  for (int chunk = 0; chunk < kTileN / kChunkCols; ++chunk) {
+  for (int chunk = 0; chunk < TileN / kChunkCols; ++chunk) {
     // 1. fragment pairs of this chunk -> staging rows (accum index 4*jn + 2*v1 is row +8*v1, cols 8*jn + 2q)
     CUTE_UNROLL
     for (int jj = 0; jj < kPairsPerChunk; ++jj) {
@@ -132,20 +135,20 @@ TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoo
 // The TMA store path (16-bit C, local memory, 16-byte aligned rows): the consumers write the whole
 // tile into shared memory and go on to the next tile's MMAs; one thread of the store warp copies it
 // to C with TMA (the SM's write path drains it beside the next tile's math). The tile is laid out
-// as four 64-column chunks of 128 rows x 128 bytes, each in the 128-byte swizzle that C's tensor
-// map names (16-byte unit u of row r at unit u ^ (r % 8)), so a warp's 4-byte fragment writes (8
-// rows x 16 bytes) hit 32 different banks.
+// as 64-column chunks (four in a 256-wide tile) of 128 rows x 128 bytes, each in the 128-byte
+// swizzle that C's tensor map names (16-byte unit u of row r at unit u ^ (r % 8)), so a warp's
+// 4-byte fragment writes (8 rows x 16 bytes) hit 32 different banks.
 inline constexpr int kTmaChunkCols = 64;             // 128 bytes of 16-bit C
 inline constexpr int kTmaChunkBytes = kTileM * 128;  // 16 KiB
-inline constexpr int kTmaTileBytes = (kTileN / kTmaChunkCols) * kTmaChunkBytes;  // 64 KiB
+TL_HD constexpr int tma_tile_bytes(int tile_n) { return (tile_n / kTmaChunkCols) * kTmaChunkBytes; }
 
-template <class ElementOut, class TiledMma, class Accum>
+template <int TileN, class ElementOut, class TiledMma, class Accum>
 TL_DEVICE void stage_tile_for_tma(TiledMma const& tiled_mma, int mma_thread_idx, Accum const& accum,
                                   uint8_t* c_tile) {
   using namespace cute;
   static_assert(sizeof(ElementOut) == 2, "the TMA store path is for 16-bit outputs");
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
-  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+  Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<TileN>{}));
   Tensor tCcC = thr_mma.partition_C(cC);  // (MMA, MMA_M, MMA_N) -> (row, col) in the tile
   CUTE_UNROLL
   for (int i = 0; i < size(accum); i += 2) {

@@ -60,17 +60,19 @@ inline void check_cuda(cudaError_t e, const char* what, const char* file, int li
 // outputs only): the consumers write a tile into shared memory and the store warp copies it to C
 // with TMA, so the next tile's MMAs run while the SM's write path drains it; the 64 KiB tile leaves
 // room for 3 stages. Without it: stores from registers through per-warp staging buffers, 4 stages.
-template <class ElementIn_, class ElementOut_, bool kTmaStore_>
+// kTileN_: the tile's width, kTileN or kTileNNarrow (gemm.hpp).
+template <class ElementIn_, class ElementOut_, bool kTmaStore_, int kTileN_ = kTileN>
 struct GemmConfig {
   using ElementIn = ElementIn_;    // cutlass::bfloat16_t or cutlass::half_t
   using ElementOut = ElementOut_;  // __nv_bfloat16, __half or float
+  static constexpr int kTileN = kTileN_;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kNumMmaWarps = 8;
   static constexpr bool kTmaStore = kTmaStore_;
   static_assert(!kTmaStore || sizeof(ElementOut) == 2, "the TMA store path is for 16-bit outputs");
   static constexpr int kEpilogueSmemBytes =
-      kTmaStore ? kTmaTileBytes : kNumMmaWarps * kStageBytesPerWarp;
+      kTmaStore ? tma_tile_bytes(kTileN) : kNumMmaWarps * kStageBytesPerWarp;
   // our barriers and the epilogue's shared memory, with room to spare
   static constexpr int kSmemCarveoutBytes = 1024 + kEpilogueSmemBytes;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -127,7 +129,7 @@ struct SharedStorage {
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
   alignas(16) TileStoredRing stored;
   uint32_t split_arrival;  // the split last wave: parts of its tile that arrived before this one
-  // The TMA store path's tile (kTmaTileBytes), or the staged path's per-warp buffers
+  // The TMA store path's tile (tma_tile_bytes), or the staged path's per-warp buffers
   // (kStageBytesPerWarp each): one launch uses one of them.
   alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
 };
@@ -157,7 +159,7 @@ struct KernelParams : AltSource<Cfg, kAltA> {
   // in split.parts parts of K (work_unit).
   GemmSplit split;
   uint32_t* split_flags = nullptr;   // [split.tiles][4]: arrivals, parts written, 2 spare
-  float4* split_partials = nullptr;  // [split.tiles][gemm_split_partials][kTileM * kTileN / 4]
+  float4* split_partials = nullptr;  // [split.tiles][gemm_split_partials][kTileM * Cfg::kTileN / 4]
   GemmStallReport* stall_report = nullptr;
   Hooks hooks;
 };
@@ -190,11 +192,11 @@ TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
 }
 
 // Whether consumer thread t's accumulators hold any of the tile's first `rows` rows (rows of C).
-template <class TiledMma>
+template <int TileN, class TiledMma>
 TL_DEVICE bool holds_rows_below(const TiledMma& tiled_mma, int t, int rows) {
   using namespace cute;
   Tensor tCcC = tiled_mma.get_thread_slice(t).partition_C(
-      make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));  // -> (row, col) in the tile
+      make_identity_tensor(make_shape(Int<kTileM>{}, Int<TileN>{})));  // -> (row, col) in the tile
   bool any = false;
   CUTE_UNROLL
   for (int i = 0; i < size(tCcC); ++i) any |= get<0>(tCcC(i)) < rows;
@@ -218,8 +220,7 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
   using cutlass::arch::NamedBarrier;
   constexpr auto kBarrier = cutlass::arch::ReservedNamedBarriers::StreamkBarrier0;
   constexpr int kVecs = decltype(cute::size(accum))::value / 4;
-  constexpr int kTileVecs = kTileM * kTileN / 4;
-  static_assert(kVecs * 256 == kTileVecs);
+  constexpr int kTileVecs = kVecs * 256;  // the tile's fp32 values / 4, over the 256 threads
   const int parts = p.split.parts;
   uint32_t* flags = p.split_flags + 4 * unit.split;
   // this thread's column of the tile's partials: partial q's element i is at
@@ -324,6 +325,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   using MainloopPipeline = typename Cfg::MainloopPipeline;
   using PipelineState = typename Cfg::PipelineState;
   using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kTileN = Cfg::kTileN;  // this configuration's tile width
 
   extern __shared__ __align__(1024) uint8_t tl_sm90_gemm_smem[];
   auto& shared = *reinterpret_cast<SharedStorage<Cfg>*>(tl_sm90_gemm_smem);
@@ -367,7 +369,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     }
   }
 
-  const TileGrid grid = gemm_tile_grid(p.m, p.n);
+  const TileGrid grid = gemm_tile_grid(p.m, p.n, kTileN);
   const PersistentWalk walk{
       static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
       p.order.count() + (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)};
@@ -494,20 +496,20 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       read_state.advance(unit.k_count);
       bool stores = true;
       if constexpr (kMeet)
-        stores =
-            meet_split_parts(p, unit, accum, mma_thread_idx,
-                             holds_rows_below(tiled_mma, mma_thread_idx, p.m - tile.m * kTileM),
-                             &shared.split_arrival);
+        stores = meet_split_parts(
+            p, unit, accum, mma_thread_idx,
+            holds_rows_below<kTileN>(tiled_mma, mma_thread_idx, p.m - tile.m * kTileM),
+            &shared.split_arrival);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
       auto store_from_registers = [&] {
         if (p.staged_store) {
-          store_tile_staged<typename Cfg::ElementOut>(
+          store_tile_staged<kTileN, typename Cfg::ElementOut>(
               p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
               shared.epilogue + (mma_thread_idx / 32) * kStageBytesPerWarp);
         } else {
-          store_tile<typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile, tiled_mma,
-                                               mma_thread_idx, accum);
+          store_tile<kTileN, typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile,
+                                                       tiled_mma, mma_thread_idx, accum);
         }
       };
       if constexpr (Cfg::kTmaStore) {
@@ -516,8 +518,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           // a parity wait must not fall two phases behind.
           if (j > 0) Barrier::wait(&shared.stored.c_tile_free, (j - 1) & 1);  // tile j-1 read out
           if (stores) {
-            stage_tile_for_tma<typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
-                                                         shared.epilogue);
+            stage_tile_for_tma<kTileN, typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
+                                                                 shared.epilogue);
             // for the store warp's TMA, after the arrive below
             ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
           }
@@ -669,7 +671,7 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
     widen_l2_fetch<ElementIn>(p.mainloop.tma_load_a.get_tma_descriptor(), args.a, args.m, args.k,
                               lda, kTileM);
     widen_l2_fetch<ElementIn>(p.mainloop.tma_load_b.get_tma_descriptor(), args.b, args.n, args.k,
-                              ldb, kTileN);
+                              ldb, Cfg::kTileN);
   }
   if constexpr (kAltA) {
     // Without a second source, the band is empty and its descriptors repeat A's (they are still
@@ -741,12 +743,19 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
              "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   if (args.m == 0) return;  // nothing to compute; hooks are not called
   const GemmWork work = gemm_work(args);
-  auto launch = [&]<bool kTmaStore>() {
-    using Cfg = detail::GemmConfig<ElementIn, ElementOut, kTmaStore>;
+  auto launch_config = [&]<bool kTmaStore, int kTileNConfig>() {
+    using Cfg = detail::GemmConfig<ElementIn, ElementOut, kTmaStore, kTileNConfig>;
     if (work.split.tiles > 0) {
       detail::launch_gemm_config<Cfg, Hooks, kAltA, true>(args, hooks, work, stream);
     } else {
       detail::launch_gemm_config<Cfg, Hooks, kAltA, false>(args, hooks, work, stream);
+    }
+  };
+  auto launch = [&]<bool kTmaStore>() {
+    if (work.tile_n == kTileNNarrow) {
+      launch_config.template operator()<kTmaStore, kTileNNarrow>();
+    } else {
+      launch_config.template operator()<kTmaStore, kTileN>();
     }
   };
   if constexpr (sizeof(ElementOut) == 2) {
