@@ -170,8 +170,10 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 // The tile width the engine picks for an M x N x K launch on `blocks` SMs: the one whose waves take
 // less time, counting each wave as its tiles' width (a tile's time is proportional to its width)
 // and a split last wave (gemm_split) as 1 / parts of a wave plus kSplitWaveCost; kTileNNarrow only
-// where that is under kNarrowTileGain of kTileN's (its tiles run ~2% less efficiently; measured in
-// bench/notes/gemm.md, session 16), and never for M <= kSplitFewRows (decode: measured slower).
+// where that is under kNarrowTileGain of kTileN's (a margin for the narrow tiles' lower efficiency:
+// set from a few shapes, then checked on a grid of 59, where it lost 0.3% on average against the
+// better width of each shape and 128x256 everywhere lost 4%; bench/notes/gemm.md, session 16), and
+// never for M <= kSplitFewRows (decode sizes measured slower with it).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
 TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
