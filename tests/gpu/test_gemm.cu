@@ -800,6 +800,18 @@ TEST(Sm90GemmHooks, WaitHoldsEveryTileOfABlock) {
   run_with_hooks(a, true, 4);
 }
 
+// 192-wide tiles: the hooks see that grid (48 tiles), one tile a block and several.
+TEST(Sm90GemmHooks, WaitHoldsNarrowTiles) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  GemmArgs a = shape(1000, 1032, 1024, DType::kBF16, DType::kBF16, kTileNNarrow);
+  ASSERT_EQ(gemm_tile_grid(a).num_tiles(), 48);
+  a.num_sms = sms - 8;
+  run_with_hooks(a, true, 6);
+  a.num_sms = 3;
+  run_with_hooks(a, true, 7);
+}
+
 // ---- argument checks: throw before launching -----------------------------------------------------
 
 TEST(Sm90GemmArgs, BadInputThrows) {
