@@ -246,7 +246,10 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
   const AgGemmPlan& p = plans_[r];
   compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
   engine_ws_->attach(args, r);
-  if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
+  if (!hooks) {
+    args.tile_n = 0;  // no signals mapped onto its tiles: the engine picks the width
+    return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
+  }
   const Epoch epoch = linked ? epochs_->epoch(r, 1) : Epoch{0};  // epoch 0: every wait passes
   AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
                        p.gemm.tiles_n(), epoch};

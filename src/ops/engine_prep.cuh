@@ -35,7 +35,8 @@ compute::sm90::GemmArgs engine_args(const Plan& p, const void* a, const void* b,
 }
 
 // Per local rank, a workspace for the engine's split last wave (GemmArgs::workspace), zero-filled
-// and sized once, at construction, for the largest split any SM count of the rank gives: a call
+// and sized once, at construction, for the largest split any SM count and either tile width of the
+// rank gives: a call
 // never reallocates it, so a captured graph keeps a valid pointer. Ranks whose GEMM never splits
 // get none. One GEMM at a time per rank uses it (each rank's GEMMs run on one stream).
 class EngineWorkspaces {
@@ -47,9 +48,13 @@ class EngineWorkspaces {
       world.bind(r);
       compute::sm90::GemmArgs a = args_of(r);
       int64_t bytes = 0;
-      for (int sms = 1; sms <= world.sm_count(r); ++sms) {
-        a.num_sms = sms;
-        bytes = std::max(bytes, compute::sm90::gemm_workspace_bytes(a));
+      // The plan's tile width (hooked launches) and the engine's pick (plain ones, enqueue_gemm).
+      for (int tile_n : {a.tile_n, 0}) {
+        a.tile_n = tile_n;
+        for (int sms = 1; sms <= world.sm_count(r); ++sms) {
+          a.num_sms = sms;
+          bytes = std::max(bytes, compute::sm90::gemm_workspace_bytes(a));
+        }
       }
       if (bytes == 0) continue;
       TL_CUDA_CHECK(cudaMalloc(&ws_[r].ptr, bytes));

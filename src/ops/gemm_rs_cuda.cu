@@ -138,7 +138,10 @@ void GemmRs::enqueue_gemm(int r, const void* a, const void* b, void* out, bool h
   const GemmRsPlan& p = plans_[r];
   compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
   engine_ws_->attach(args, r);
-  if (!hooks) return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
+  if (!hooks) {
+    args.tile_n = 0;  // no signals mapped onto its tiles: the engine picks the width
+    return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
+  }
   GemmRsNotifyHooks notify{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epochs_->epoch(r, 1)};
   detail::launch_engine(args, notify, lanes_->gemm_stream(r));
 }

@@ -34,8 +34,10 @@ struct Case {
   tlc::Transport transport = tlc::Transport::kVirtual;
 };
 
-// split_ranks: set to the number of ranks whose GEMM splits its last wave.
-void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr) {
+// split_ranks: set to the number of ranks whose GEMM splits its last wave; narrow_ranks: to the
+// number whose unfused GEMM takes 192-wide tiles (the fused one keeps the plan's 256).
+void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr,
+              int* narrow_ranks = nullptr) {
   SCOPED_TRACE(::testing::Message() << "world " << tc.world << " comm SMs " << tc.comm_sms
                                     << " GEMM SMs " << tc.compute_workers << " n_r " << tc.n_r << " k " << tc.k
                                     << (tc.mode == CommMode::kPush ? " push" : " pull") << " seed " << seed);
@@ -55,6 +57,14 @@ void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr) {
   if (split_ranks != nullptr) {
     *split_ranks = 0;
     for (int r = 0; r < tc.world; ++r) *split_ranks += op.gemm_work(r).split.tiles > 0;
+  }
+  if (narrow_ranks != nullptr) {
+    *narrow_ranks = 0;
+    for (int r = 0; r < tc.world; ++r) {
+      EXPECT_EQ(op.gemm_work(r).tile_n, compute::sm90::kTileN);  // the fused GEMM: the plan's tiles
+      *narrow_ranks += compute::sm90::gemm_pick_tile_n(M, tc.n_r, tc.k, op.gemm_sms(r)) ==
+                       compute::sm90::kTileNNarrow;
+    }
   }
 
   std::mt19937_64 rng(seed);
@@ -176,6 +186,14 @@ TEST(AgGemmCuda, World2FullWidthCopyEngine) { run_case({2, {2000, 1500}, 1024, 5
 TEST(AgGemmCuda, World2SmCommPull) { run_case({2, {2000, 1500}, 1024, 512, CommMode::kPull, 256, 8, 0}, 8); }
 TEST(AgGemmCuda, World4SmCommPush) { run_case({4, {700, 0, 901, 333}, 512, 256, CommMode::kPush, 128, 4, 0}, 9); }
 TEST(AgGemmCuda, World8SmCommPull) { run_case({8, {300, 17, 512, 1, 256, 300, 0, 700}, 512, 384, CommMode::kPull, 64, 2, 0}, 10); }
+
+// An unfused call's GEMM maps no signals onto its tiles: it takes the engine's pick of the width.
+// 256 x 5120 on a rank's ~60 SMs is 40 tiles of 256 (a wave 2/3 full) or 54 of 192: narrow.
+TEST(AgGemmCuda, World2UnfusedTakesNarrowTiles) {
+  int narrow = 0;
+  run_case({2, {128, 128}, 5120, 512, CommMode::kPull, 128, 0, 0}, 11, nullptr, &narrow);
+  EXPECT_EQ(narrow, 2);
+}
 
 // Two GPUs (peer transport): the GEMM on every SM, the comm program on the copy engine. Pull copies
 // the own segment before the GEMM; push on tile rows reads it from A_r (rank 1's ends at a ragged M);

@@ -30,8 +30,10 @@ struct Case {
   CommMode mode = CommMode::kPull;
 };
 
-// split_ranks: set to the number of ranks whose GEMM splits its last wave.
-void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr) {
+// split_ranks: set to the number of ranks whose GEMM splits its last wave; narrow_ranks: to the
+// number whose unfused GEMM takes 192-wide tiles (the fused one keeps the plan's 256).
+void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr,
+              int* narrow_ranks = nullptr) {
   SCOPED_TRACE(::testing::Message() << "world " << tc.world << " n " << tc.n << " comm SMs "
                                     << tc.comm_sms << " seed " << seed);
   tlc::WorldOptions wo;
@@ -53,6 +55,14 @@ void run_case(const Case& tc, uint64_t seed, int* split_ranks = nullptr) {
   if (split_ranks != nullptr) {
     *split_ranks = 0;
     for (int r = 0; r < tc.world; ++r) *split_ranks += op.gemm_work(r).split.tiles > 0;
+  }
+  if (narrow_ranks != nullptr) {
+    *narrow_ranks = 0;
+    for (int r = 0; r < tc.world; ++r) {
+      EXPECT_EQ(op.gemm_work(r).tile_n, compute::sm90::kTileN);  // the fused GEMM: the plan's tiles
+      *narrow_ranks += compute::sm90::gemm_pick_tile_n(M, N, tc.k_split[r], op.gemm_sms(r)) ==
+                       compute::sm90::kTileNNarrow;
+    }
   }
 
   std::mt19937_64 rng(seed);
@@ -122,6 +132,14 @@ TEST(GemmRsCuda, World1) {
 }
 TEST(GemmRsCuda, World2Ragged) { run_case({2, {1000, 777}, {256, 512}, 1024, 8, 128, 512}, 2); }
 TEST(GemmRsCuda, World4EmptySegment) { run_case({4, {500, 0, 1, 620}, {128, 256, 64, 192}, 768, 4, 96, 256}, 3); }
+// An unfused call's GEMM maps no signals onto its tiles: it takes the engine's pick of the width.
+// 256 x 5120 on a rank's ~58 SMs is 40 tiles of 256 (a wave 2/3 full) or 54 of 192: narrow.
+TEST(GemmRsCuda, World2UnfusedTakesNarrowTiles) {
+  int narrow = 0;
+  run_case({2, {128, 128}, {256, 256}, 5120, 8, 128, 512}, 7, nullptr, &narrow);
+  EXPECT_EQ(narrow, 2);
+}
+
 TEST(GemmRsCuda, World2RaggedPush) { run_case({2, {1000, 777}, {256, 512}, 1024, 8, 128, 512, CommMode::kPush}, 5); }
 TEST(GemmRsCuda, World4PushEmptySegment) { run_case({4, {500, 0, 1, 620}, {128, 256, 64, 192}, 768, 4, 96, 256, CommMode::kPush}, 6); }
 TEST(GemmRsCuda, World8Push) { run_case({8, {300, 17, 512, 1, 256, 300, 9, 700}, {64, 128, 64, 64, 128, 64, 64, 128}, 512, 2, 64, 512, CommMode::kPush}, 7); }

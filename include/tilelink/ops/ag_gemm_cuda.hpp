@@ -97,8 +97,10 @@ class AgGemm {
   // leaves kGraphSignalSms to the graph's one-thread signal kernels, and a pull runs on
   // kGraphPullSms SMs (ag_gemm_cuda.cu, comm_sms, says why).
   int gemm_sms(int rank) const;
-  // How rank `rank`'s GEMM spreads over its SMs: tiles, blocks, and the split of its last wave (the
-  // op gives the engine a workspace, so a last wave at most half full is split).
+  // How rank `rank`'s fused GEMM spreads over its SMs: tiles (the plan's, kTileN wide), blocks,
+  // and the split of its last wave (the op gives the engine a workspace, so a last wave at most
+  // half full is split). An unfused call's GEMM, which no signal maps onto, takes the width the
+  // engine picks (gemm_pick_tile_n).
   compute::sm90::GemmWork gemm_work(int rank) const;
   int comm_sms(int rank) const;
 

@@ -59,8 +59,10 @@ class GemmRs {
 
   const GemmRsPlan& plan(int rank) const { return plans_.at(rank); }
   int gemm_sms(int rank) const;
-  // How rank `rank`'s GEMM spreads over its SMs: tiles, blocks, and the split of its last wave (the
-  // op gives the engine a workspace, so a last wave at most half full is split).
+  // How rank `rank`'s fused GEMM spreads over its SMs: tiles (the plan's, kTileN wide), blocks,
+  // and the split of its last wave (the op gives the engine a workspace, so a last wave at most
+  // half full is split). An unfused call's GEMM, which no signal maps onto, takes the width the
+  // engine picks (gemm_pick_tile_n).
   compute::sm90::GemmWork gemm_work(int rank) const;
 
   // Enqueues one call on every local rank: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r],
