@@ -526,8 +526,14 @@ TEST(Sm90Gemm, PickTileN) {
                          {3072, 8192, 8192}}) {
     EXPECT_EQ(gemm_pick_tile_n(m, n, k, 132), kTileN) << m << "x" << n << "x" << k;
   }
-  for (int64_t m : {1, 32, 64}) EXPECT_EQ(gemm_pick_tile_n(m, 1280, 8192, 132), kTileN) << m;
-  EXPECT_EQ(gemm_pick_tile_n(65, 1280, 8192, 132), kTileNNarrow);  // 5 tiles -> 7, both in 4 parts
+  // A few rows (M <= 64) take the narrow tile only at a wider margin: at 0.75 (5 tiles -> 7, or
+  // 16 -> 22, all in 4 parts), not at 0.93 (32 tiles in 4 parts -> 43 in 3).
+  for (int64_t m : {1, 32, 64, 65}) {
+    EXPECT_EQ(gemm_pick_tile_n(m, 1280, 8192, 132), kTileNNarrow) << m;
+    EXPECT_EQ(gemm_pick_tile_n(m, 4096, 8192, 132), kTileNNarrow) << m;
+  }
+  for (int64_t m : {1, 16, 64}) EXPECT_EQ(gemm_pick_tile_n(m, 8192, 8192, 132), kTileN) << m;
+  EXPECT_EQ(gemm_pick_tile_n(128, 8192, 8192, 132), kTileNNarrow);  // the same 0.93, M > 64
 
   // A launch that leaves the pick to the engine: 3 x 43 = 129 tiles on 132 blocks.
   int sms = 0;

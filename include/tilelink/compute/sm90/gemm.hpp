@@ -172,10 +172,13 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 // and a split last wave (gemm_split) as 1 / parts of a wave plus kSplitWaveCost; kTileNNarrow only
 // where that is under kNarrowTileGain of kTileN's (a margin for the narrow tiles' lower efficiency:
 // set from a few shapes, then checked on a grid of 59, where it lost 0.3% on average against the
-// better width of each shape and 128x256 everywhere lost 4%; bench/notes/gemm.md, session 16), and
-// never for M <= kSplitFewRows (decode sizes measured slower with it).
+// better width of each shape and 128x256 everywhere lost 4%; bench/notes/gemm.md, session 16);
+// under kNarrowTileGainFewRows for M <= kSplitFewRows (decode sizes: on 74 shapes of M 1-64 the
+// narrow tile won where its cost was 0.75 of the wide one's, 0.97-1.29x, and lost up to 7% at
+// 0.93).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
+inline constexpr double kNarrowTileGainFewRows = 0.9;
 TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
   const int64_t tiles = gemm_tile_grid(m, n, tile_n).num_tiles();
   const GemmSplit split = gemm_split(tiles, blocks, k, m < kTileM ? m : kTileM);
@@ -185,9 +188,9 @@ TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, 
   return waves * tile_n;
 }
 TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
-  if (m <= kSplitFewRows) return kTileN;
+  const double margin = m <= kSplitFewRows ? kNarrowTileGainFewRows : kNarrowTileGain;
   return gemm_wave_cost(m, n, k, blocks, kTileNNarrow) <
-                 kNarrowTileGain * gemm_wave_cost(m, n, k, blocks, kTileN)
+                 margin * gemm_wave_cost(m, n, k, blocks, kTileN)
              ? kTileNNarrow
              : kTileN;
 }
