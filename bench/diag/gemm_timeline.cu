@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&a, m * k * 2));
     CK(cudaMalloc(&b, n * k * 2));
     CK(cudaMalloc(&c, m * n * 2));
-    const tilelink::TileGrid grid = sm90::gemm_tile_grid(m, n);
+    sm90::GemmArgs ga;
+    ga.a = a, ga.b = b, ga.c = c, ga.m = m, ga.n = n, ga.k = k;
+    const tilelink::TileGrid grid = sm90::gemm_tile_grid(ga);  // the launch's tiles (either width)
     uint64_t *wait_sig, *notify_sig;
     CK(cudaMalloc(&wait_sig, grid.num_tiles() * 8));
     CK(cudaMalloc(&notify_sig, grid.num_tiles() * 8));
@@ -138,8 +140,6 @@ int main(int argc, char** argv) {
     CK(cudaGetLastError());
     sm90::reference::fill_uniform(a, DType::kBF16, m * k, 1, 1.f, stream);
     sm90::reference::fill_uniform(b, DType::kBF16, n * k, 2, 1.f, stream);
-    sm90::GemmArgs ga;
-    ga.a = a, ga.b = b, ga.c = c, ga.m = m, ga.n = n, ga.k = k;
     const int blocks = sm90::gemm_num_blocks(ga);
     if (blocks > max_blocks) return 2;
     Hooks hooks;
