@@ -36,9 +36,9 @@ compute::sm90::GemmArgs engine_args(const Plan& p, const void* a, const void* b,
 
 // Per local rank, a workspace for the engine's split last wave (GemmArgs::workspace), zero-filled
 // and sized once, at construction, for the largest split any SM count and either tile width of the
-// rank gives: a call
-// never reallocates it, so a captured graph keeps a valid pointer. Ranks whose GEMM never splits
-// get none. One GEMM at a time per rank uses it (each rank's GEMMs run on one stream).
+// rank gives: a call never reallocates it, so a captured graph keeps a valid pointer. Ranks whose
+// GEMM never splits get none. One GEMM at a time per rank uses it (each rank's GEMMs run on one
+// stream).
 class EngineWorkspaces {
  public:
   // args_of(r): rank r's engine arguments (any num_sms).

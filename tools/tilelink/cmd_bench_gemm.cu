@@ -257,7 +257,7 @@ int bench_gemm(Args& args) {
     ref::fill_uniform(b, in, n * k, ~seed ^ (m * 13 + n * 5 + k), 1.0f, stream);
 
     ga.a = a, ga.b = b, ga.c = c;
-    ga.in_type = in, ga.out_type = out, ga.num_sms = num_sms, ga.group_m = group_m;
+    ga.in_type = in, ga.out_type = out, ga.group_m = group_m;
     if (!no_split) split_ws.attach(ga, stream);  // the split last wave's workspace
     BenchHooks hooks;
     hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = grid.tiles_n(), hooks.epoch = 1;

@@ -82,7 +82,7 @@ int resolved_tile_n(const GemmArgs& args, int sms) {
 GemmSplit possible_split(const GemmArgs& args, int sms) {
   const GemmSplit s =
       gemm_split(gemm_tile_grid(args.m, args.n, resolved_tile_n(args, sms)).num_tiles(), sms,
-                 args.k, args.m < kTileM ? args.m : kTileM);
+                 args.k, gemm_tile_rows(args.m));
   TL_REQUIRE(s.tiles <= kSplitMaxTiles, "sm90 gemm: " << s.tiles << " split tiles, more than the "
                                                       << kSplitMaxTiles << " the workspace holds");
   return s;
@@ -104,7 +104,9 @@ GemmWork gemm_work(const GemmArgs& args) {
 int gemm_num_blocks(const GemmArgs& args) { return gemm_work(args).blocks; }
 
 TileGrid gemm_tile_grid(const GemmArgs& args) {
-  return gemm_tile_grid(args.m, args.n, resolved_tile_n(args, resolved_sms(args)));
+  // The SM count matters only to the pick: a named width needs no device query.
+  const int sms = args.tile_n != 0 ? 0 : resolved_sms(args);
+  return gemm_tile_grid(args.m, args.n, resolved_tile_n(args, sms));
 }
 
 int64_t gemm_workspace_bytes(const GemmArgs& args) {

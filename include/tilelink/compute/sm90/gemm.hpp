@@ -134,8 +134,8 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
 // when it is at most half full and K has at least kSplitMinKTiles k-blocks, in `parts` parts of K:
 // as many as the blocks allow, at most kSplitMaxParts, more than two only where each part keeps
 // kSplitMinPartKTiles k-blocks (their meeting costs more), or kSplitMinPartKTilesFewRows where the
-// tiles hold at most kSplitFewRows rows of C (`rows`: M, or kTileM where M is larger; the meeting
-// moves only the rows of C). {0, 1}: no split.
+// tiles hold at most kSplitFewRows rows of C (`rows`: gemm_tile_rows(M); the meeting moves only the
+// rows of C). {0, 1}: no split.
 struct GemmSplit {
   int64_t tiles = 0;
   int parts = 1;
@@ -145,6 +145,8 @@ inline constexpr int64_t kSplitMinPartKTiles = 32;
 inline constexpr int64_t kSplitFewRows = 64;
 inline constexpr int64_t kSplitMinPartKTilesFewRows = 8;
 inline constexpr int kSplitMaxParts = 4;
+// Rows of C the fullest tile of an M-row grid holds: M, or kTileM where M is larger.
+TL_HD inline int64_t gemm_tile_rows(int64_t m) { return m < kTileM ? m : kTileM; }
 TL_HD inline GemmSplit gemm_split(int64_t tiles, int blocks, int64_t k, int64_t rows = kTileM) {
   const int64_t tail = tiles % blocks, k_tiles = (k + kTileK - 1) / kTileK;
   if (tail == 0 || 2 * tail > blocks || k_tiles < kSplitMinKTiles) return {};
@@ -181,7 +183,7 @@ inline constexpr double kNarrowTileGain = 0.965;
 inline constexpr double kNarrowTileGainFewRows = 0.9;
 TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
   const int64_t tiles = gemm_tile_grid(m, n, tile_n).num_tiles();
-  const GemmSplit split = gemm_split(tiles, blocks, k, m < kTileM ? m : kTileM);
+  const GemmSplit split = gemm_split(tiles, blocks, k, gemm_tile_rows(m));
   const double waves =
       split.tiles > 0 ? static_cast<double>(tiles / blocks) + 1.0 / split.parts + kSplitWaveCost
                       : static_cast<double>((tiles + blocks - 1) / blocks);

@@ -743,12 +743,14 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
              "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   if (args.m == 0) return;  // nothing to compute; hooks are not called
   const GemmWork work = gemm_work(args);
+  GemmArgs resolved = args;  // the width named, so the tile order does not pick it again
+  resolved.tile_n = work.tile_n;
   auto launch_config = [&]<bool kTmaStore, int kTileNConfig>() {
     using Cfg = detail::GemmConfig<ElementIn, ElementOut, kTmaStore, kTileNConfig>;
     if (work.split.tiles > 0) {
-      detail::launch_gemm_config<Cfg, Hooks, kAltA, true>(args, hooks, work, stream);
+      detail::launch_gemm_config<Cfg, Hooks, kAltA, true>(resolved, hooks, work, stream);
     } else {
-      detail::launch_gemm_config<Cfg, Hooks, kAltA, false>(args, hooks, work, stream);
+      detail::launch_gemm_config<Cfg, Hooks, kAltA, false>(resolved, hooks, work, stream);
     }
   };
   auto launch = [&]<bool kTmaStore>() {
