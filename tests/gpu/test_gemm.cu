@@ -454,6 +454,127 @@ TEST(Sm90Gemm, EmptyM) {
   CK(cudaFree(p));
 }
 
+// ---- the decode kernel (GemmArgs::kernel, M <= kDecodeMaxRows) ----
+
+GemmArgs decode(int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                DType out = DType::kBF16) {
+  GemmArgs a = shape(m, n, k, in, out, 0);
+  a.kernel = GemmKernel::kDecode;
+  return a;
+}
+
+// Every dtype pair; M across the 8-row fragments (1 and 2 of them); N not a multiple of 16, and
+// large enough for a block's warps on two n-groups (4232) or four (12680; 20008: more blocks than
+// the SMs hold); K not a multiple of the 32-element step, and long enough for clusters of 1 to 8
+// blocks (8 x 32776: 8).
+TEST(Sm90GemmDecode, ShapesAndDtypes) {
+  for (auto [in, out] : {std::pair{DType::kBF16, DType::kBF16},
+                         {DType::kBF16, DType::kF32},
+                         {DType::kF16, DType::kF16},
+                         {DType::kF16, DType::kF32}}) {
+    for (int64_t m : {1, 7, 8, 9, 16}) {
+      for (auto [n, k] :
+           {std::pair{8, 8}, {24, 40}, {776, 1032}, {4232, 520}, {8, 32776}, {12680, 520}}) {
+        run_and_check(decode(m, n, k, in, out));
+      }
+    }
+  }
+  for (int64_t m : {2, 3, 5, 12}) run_and_check(decode(m, 1280, 8192));  // clusters of 2
+  run_and_check(decode(4, 8200, 4104));
+  run_and_check(decode(15, 20008, 4104));
+  run_and_check(decode(6, 264, 16392));  // a cluster of 4
+}
+
+TEST(Sm90GemmDecode, StridedAndReduceAdd) {
+  GemmArgs a = decode(13, 264, 200);
+  a.lda = 208, a.ldb = 216, a.ldc = 280;
+  run_and_check(a);  // the margins between C's rows stay poisoned
+  a.out_type = DType::kF32, a.ldc = 270;
+  run_and_check(a);
+  a.ldc = 0;
+  for (DType out : {DType::kBF16, DType::kF32}) {
+    a.out_type = out;
+    run_and_check(a, true);
+    run_and_check(decode(16, 4232, 8192, DType::kBF16, out), true);
+  }
+  run_and_check(decode(1, 776, 1032, DType::kF16, DType::kF16), true);
+}
+
+// The cluster's partials are added in a fixed order: the same inputs give the same bits.
+TEST(Sm90GemmDecode, Deterministic) {
+  GemmArgs a = decode(9, 264, 32768, DType::kBF16, DType::kF32);  // clusters of 8
+  Buffers buf;
+  void* c2 = nullptr;
+  CK(cudaMalloc(&buf.a, a.m * a.k * 2));
+  CK(cudaMalloc(&buf.b, a.n * a.k * 2));
+  CK(cudaMalloc(&buf.c, a.m * a.n * 4));
+  CK(cudaMalloc(&c2, a.m * a.n * 4));
+  ref::fill_uniform(buf.a, a.in_type, a.m * a.k, fresh_seed(), 1.0f);
+  ref::fill_uniform(buf.b, a.in_type, a.n * a.k, fresh_seed(), 1.0f);
+  a.a = buf.a, a.b = buf.b, a.c = buf.c;
+  gemm(a, 0);
+  a.c = c2;
+  gemm(a, 0);
+  std::vector<float> x(a.m * a.n), y(a.m * a.n);
+  CK(cudaMemcpy(x.data(), buf.c, x.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(y.data(), c2, y.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaFree(c2));
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0);
+}
+
+// kAuto takes the decode kernel at M in [1, kDecodeMaxRows] with every SM and no named width, the
+// tile engine otherwise; both give the product.
+TEST(Sm90GemmDecode, AutoPicksByShape) {
+  GemmArgs a = shape(1, 4096, 4096, DType::kBF16, DType::kBF16, 0);
+  EXPECT_TRUE(gemm_takes_decode(a));
+  a.m = kDecodeMaxRows;
+  EXPECT_TRUE(gemm_takes_decode(a));
+  a.m = kDecodeMaxRows + 1;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.m = 0;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.m = 5, a.num_sms = 8;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.num_sms = 0, a.tile_n = kTileN;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.tile_n = 0, a.kernel = GemmKernel::kTileEngine;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.kernel = GemmKernel::kAuto;
+  EXPECT_TRUE(gemm_takes_decode(a));
+  run_and_check(shape(5, 776, 1032, DType::kBF16, DType::kBF16, 0));                   // decode
+  run_and_check(shape(kDecodeMaxRows + 1, 776, 1032, DType::kBF16, DType::kBF16, 0));  // the engine
+  GemmArgs e = shape(5, 776, 1032, DType::kF16, DType::kF32, 0);
+  e.kernel = GemmKernel::kTileEngine;
+  run_and_check(e);
+}
+
+TEST(Sm90GemmDecode, BadInputThrows) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, 1 << 20));
+  auto expect_error = [&](GemmArgs a, const char* what) {
+    a.a = a.b = a.c = p;
+    try {
+      gemm(a, 0);
+      ADD_FAILURE() << "no error; expected: " << what;
+    } catch (const tilelink::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error(decode(kDecodeMaxRows + 1, 64, 64), "decode kernel takes M <=");
+  GemmArgs a = decode(4, 64, 64);
+  a.num_sms = 8;
+  expect_error(a, "num_sms must be 0");
+  expect_error(decode(4, 12, 64), "multiple of 8");
+  a = decode(4, 64, 64);
+  a.kernel = static_cast<GemmKernel>(7);
+  expect_error(a, "kernel must be");
+  a = decode(4, 64, 64);
+  a.a = a.b = a.c = p;
+  EXPECT_THROW((launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(a, NoHooks{}, 0)), tilelink::Error);
+  CK(cudaDeviceSynchronize());
+  CK(cudaFree(p));
+}
+
 // 192-wide tiles (GemmArgs::tile_n = kTileNNarrow): aligned and ragged shapes, every dtype pair,
 // strided and unaligned C, kReduceAdd, the TMA-store configuration (several tiles a block) and
 // split last waves of 2 to 4 parts.

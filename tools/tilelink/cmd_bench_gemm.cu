@@ -37,6 +37,10 @@
 // on the CPU for each GEMM.
 // --tile-n N: every launch (engine and hooks) with N-wide tiles (GemmArgs::tile_n); 0, the default:
 // the engine's pick (gemm_pick_tile_n), listed after the table where it is the narrow one.
+// --kernel auto|tile|decode: the engine column's kernel (GemmArgs::kernel). auto, the default,
+// runs the decode kernel where gemm_takes_decode says so (M <= 16 with --tile-n 0 and --num-sms 0);
+// those shapes are listed after the table, and their hooks columns are "-" (hooks run in the tile
+// engine only: `--kernel tile` measures them there).
 // TILELINK_CLI_TRACE=1 prints each batch's wall-clock span on stderr (to match clock samples).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -180,9 +184,19 @@ int bench_gemm(Args& args) {
   const bool no_split = args.flag("--no-split");  // no workspace: the last wave is never split
   const bool host_us = args.flag("--host-us");
   const int tile_n = static_cast<int>(args.get_int("--tile-n", 0));  // 0: the engine picks
+  const std::string kernel_name = args.get("--kernel", "auto");
   args.finish();
+  sm90::GemmKernel kernel = sm90::GemmKernel::kAuto;
+  if (kernel_name == "tile") {
+    kernel = sm90::GemmKernel::kTileEngine;
+  } else if (kernel_name == "decode") {
+    kernel = sm90::GemmKernel::kDecode;
+  } else {
+    TL_REQUIRE(kernel_name == "auto",
+               "bench gemm: --kernel must be auto, tile or decode, got " << kernel_name);
+  }
   TL_REQUIRE(reps >= 1 && warmup >= 0, "bench gemm: --reps must be >= 1 and --warmup >= 0");
-  const bool hooks_on = in == DType::kBF16 && out == DType::kBF16 && !plain;
+  const bool hooks_type = in == DType::kBF16 && out == DType::kBF16 && !plain;
 
   int dev = 0, l2 = 0, sms = 0;
   CK(cudaGetDevice(&dev));
@@ -222,7 +236,7 @@ int bench_gemm(Args& args) {
     std::printf(
         "m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
         "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas,"
-        "hooks_us,tile_n\n");
+        "hooks_us,tile_n,kernel\n");
   else
     std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %6s %6s | %8s %8s %8s\n", "M",
                 "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
@@ -231,6 +245,7 @@ int bench_gemm(Args& args) {
   std::vector<double> ratios, overheads, overheads_us, aa_abs, ag_overheads, rs_overheads,
       sustained_ratios;
   std::string narrow_shapes;  // shapes that took kTileNNarrow tiles
+  std::string decode_shapes;  // shapes whose engine column is the decode kernel
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
@@ -238,11 +253,15 @@ int bench_gemm(Args& args) {
     float* refc = nullptr;
     uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
     sm90::GemmArgs ga;
-    ga.m = m, ga.n = n, ga.k = k, ga.num_sms = num_sms, ga.tile_n = tile_n;
+    ga.m = m, ga.n = n, ga.k = k, ga.num_sms = num_sms, ga.tile_n = tile_n, ga.kernel = kernel;
+    const bool decode = sm90::gemm_takes_decode(ga);
+    const bool hooks_on = hooks_type && !decode;     // hooks run in the tile engine only
     const TileGrid grid = sm90::gemm_tile_grid(ga);  // the hooks' tiles: the launch's width
-    if (grid.tile_n != sm90::kTileN) {
-      narrow_shapes += (narrow_shapes.empty() ? "" : ", ") + std::to_string(m) + "x" +
-                       std::to_string(n) + "x" + std::to_string(k);
+    const std::string shape_name =
+        std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    if (decode) decode_shapes += (decode_shapes.empty() ? "" : ", ") + shape_name;
+    if (grid.tile_n != sm90::kTileN && !decode) {
+      narrow_shapes += (narrow_shapes.empty() ? "" : ", ") + shape_name;
     }
     CK(cudaMalloc(&a, m * k * dtype_size(in)));
     CK(cudaMalloc(&b, n * k * dtype_size(in)));
@@ -391,11 +410,11 @@ int bench_gemm(Args& args) {
     if (csv)
       std::printf(
           "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e,"
-          "%.3f,%d\n",
+          "%.3f,%d,%s\n",
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
           p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas,
-          hooks_us, grid.tile_n);
+          hooks_us, grid.tile_n, decode ? "decode" : "tile");
     else {
       auto err = [](double e) {  // "-": not checked (--no-verify, or no hooks for this type)
         char buf[16] = "-";
@@ -503,6 +522,10 @@ int bench_gemm(Args& args) {
     std::printf("# %dx%d tiles (gemm_pick_tile_n or --tile-n): %s\n", sm90::kTileM,
                 sm90::kTileNNarrow, narrow_shapes.c_str());
   }
+  if (!decode_shapes.empty() && !csv) {
+    std::printf("# the decode kernel (gemm_takes_decode; no hooks there): %s\n",
+                decode_shapes.c_str());
+  }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
   std::printf("# ratio to cuBLAS: median %.3f, min %.3f", sorted_median(sorted), sorted.front());
@@ -541,8 +564,8 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192] [--no-verify] "
-     "[--csv]",
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192] "
+     "[--kernel auto|tile|decode] [--no-verify] [--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",
      &bench_gemm,

@@ -6,15 +6,11 @@
 #include <string>
 
 #include "instances.hpp"
+#include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90 {
 namespace {
-
-void check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess) ::tilelink::detail::throw_error(file, line, std::string(what) + ": " + cudaGetErrorString(e));
-}
-#define TL_CHECK_CUDA(call) check((call), #call, __FILE__, __LINE__)
 
 struct DeviceInfo {
   int sms = 0, major = 0, minor = 0;
@@ -23,10 +19,10 @@ struct DeviceInfo {
 DeviceInfo current_device() {
   int dev = 0;
   DeviceInfo d;
-  TL_CHECK_CUDA(cudaGetDevice(&dev));
-  TL_CHECK_CUDA(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  TL_CHECK_CUDA(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
-  TL_CHECK_CUDA(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev));
+  TL_SM90_CUDA_CHECK(cudaGetDevice(&dev));
+  TL_SM90_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  TL_SM90_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+  TL_SM90_CUDA_CHECK(cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev));
   return d;
 }
 
@@ -147,6 +143,17 @@ void gemm_check(const GemmArgs& a) {
     TL_REQUIRE(lda_alt >= a.k && lda_alt % 8 == 0, "sm90 gemm: lda_alt must be >= K and a multiple of 8, got " << lda_alt);
     TL_REQUIRE(aligned(a.a_alt, 16), "sm90 gemm: a_alt must be 16-byte aligned (TMA)");
   }
+  TL_REQUIRE(a.kernel == GemmKernel::kAuto || a.kernel == GemmKernel::kTileEngine ||
+                 a.kernel == GemmKernel::kDecode,
+             "sm90 gemm: kernel must be kAuto, kTileEngine or kDecode, got " << int(a.kernel));
+  if (a.kernel == GemmKernel::kDecode) {
+    TL_REQUIRE(a.m <= kDecodeMaxRows,
+               "sm90 gemm: the decode kernel takes M <= " << kDecodeMaxRows << ", got " << a.m);
+    TL_REQUIRE(
+        a.num_sms == 0,
+        "sm90 gemm: the decode kernel runs on every SM; num_sms must be 0, got " << a.num_sms);
+    TL_REQUIRE(a.a_alt == nullptr, "sm90 gemm: the decode kernel reads no a_alt");
+  }
   const DeviceInfo d = current_device();
   TL_REQUIRE(d.major == 9 && d.minor == 0,
              "sm90 gemm: needs an sm_90 GPU (H100/H200), the current device is sm_" << d.major << d.minor);
@@ -161,8 +168,16 @@ void gemm_check(const GemmArgs& a) {
   }
 }
 
+bool gemm_takes_decode(const GemmArgs& args) {
+  if (args.kernel != GemmKernel::kAuto) return args.kernel == GemmKernel::kDecode;
+  return args.m >= 1 && args.m <= kDecodeMaxRows && args.num_sms == 0 && args.tile_n == 0 &&
+         args.a_alt == nullptr;
+}
+
 void gemm(const GemmArgs& args, cudaStream_t stream) {
   gemm_check(args);
+  if (args.m == 0) return;  // nothing to compute
+  if (gemm_takes_decode(args)) return detail::gemm_decode(args, current_device().sms, stream);
   const DType in = args.in_type, out = args.out_type;
   if (in == DType::kBF16 && out == DType::kBF16) return detail::gemm_bf16_bf16(args, stream);
   if (in == DType::kBF16 && out == DType::kF32) return detail::gemm_bf16_f32(args, stream);
@@ -186,12 +201,12 @@ void GemmWorkspace::attach(GemmArgs& args, cudaStream_t stream) {
   }
   if (need > bytes_) {
     if (buffer_ != nullptr) {
-      TL_CHECK_CUDA(cudaStreamSynchronize(stream));  // launches on the old buffer are done
-      TL_CHECK_CUDA(cudaFree(buffer_));
+      TL_SM90_CUDA_CHECK(cudaStreamSynchronize(stream));  // launches on the old buffer are done
+      TL_SM90_CUDA_CHECK(cudaFree(buffer_));
       buffer_ = nullptr, bytes_ = 0;
     }
-    TL_CHECK_CUDA(cudaMalloc(&buffer_, need));
-    TL_CHECK_CUDA(cudaMemsetAsync(buffer_, 0, need, stream));
+    TL_SM90_CUDA_CHECK(cudaMalloc(&buffer_, need));
+    TL_SM90_CUDA_CHECK(cudaMemsetAsync(buffer_, 0, need, stream));
     bytes_ = need;
   }
   args.workspace = buffer_, args.workspace_bytes = bytes_;

@@ -11,5 +11,7 @@ void gemm_bf16_bf16(const GemmArgs& args, cudaStream_t stream);
 void gemm_bf16_f32(const GemmArgs& args, cudaStream_t stream);
 void gemm_f16_f16(const GemmArgs& args, cudaStream_t stream);
 void gemm_f16_f32(const GemmArgs& args, cudaStream_t stream);
+// The decode kernel (gemm.hpp, "Decode sizes") on `sms` SMs; the arguments checked.
+void gemm_decode(const GemmArgs& args, int sms, cudaStream_t stream);
 
 }  // namespace tilelink::compute::sm90::detail

@@ -52,6 +52,16 @@
 //
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
+//
+// Decode sizes (M <= kDecodeMaxRows, 16): gemm() runs a second kernel there unless told otherwise
+// (GemmArgs::kernel, gemm_takes_decode). A 128-row tile computes mostly padding at such M, and the
+// few tiles along N keep most SMs idle while B streams from DRAM. The decode kernel has no tiles
+// of C: each warp streams 16 rows of B over a range of K with 16-byte loads straight into the
+// registers of mma.sync.m16n8k16 (B's rows as the MMA's M side, A's rows as its N side; each lane's
+// 8 contiguous elements of a row stand for its four k positions of two k16 steps, a permutation of
+// K that A and B share, so no shuffles), and the warps of a thread-block cluster split K and add
+// their partials through distributed shared memory in a fixed order (deterministic, no workspace).
+// It runs on every SM and has no hooks: fused ops name their tile width and always run the engine.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +76,11 @@
 namespace tilelink::compute::sm90 {
 
 enum class EpilogueMode : uint8_t { kStore, kReduceAdd };
+
+// Which kernel gemm() runs: kAuto takes the decode kernel where gemm_takes_decode says so, else
+// the tile engine.
+enum class GemmKernel : uint8_t { kAuto, kTileEngine, kDecode };
+inline constexpr int64_t kDecodeMaxRows = 16;
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
 // launch may instead take tiles kTileNNarrow wide (GemmArgs::tile_n, gemm_pick_tile_n), where they
@@ -115,6 +130,9 @@ struct GemmArgs {
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   GemmStallReport* stall_report = nullptr;  // optional, host-mapped
+  // gemm() only (launch_gemm is the tile engine; it refuses kDecode). kDecode needs M <=
+  // kDecodeMaxRows and num_sms = 0, and ignores the tile order, tile_n and the workspace.
+  GemmKernel kernel = GemmKernel::kAuto;
 };
 
 // The output tile grid of a problem (the shape mapping of the engine's tiles).
@@ -239,7 +257,14 @@ TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
 // alignment, num_sms out of [0, device SMs], start_m/group_m out of range.
 void gemm_check(const GemmArgs& args);
 
-// Runs the plain engine (no hooks) on `stream`. Asynchronous; errors of the launch throw.
+// Whether gemm() runs the decode kernel for these arguments: kernel = kDecode, or kAuto with M in
+// [1, kDecodeMaxRows], num_sms = 0 (the decode kernel cannot keep to an SM budget) and tile_n = 0
+// (a named width asks for the tile engine). Measured against the engine and cuBLAS in
+// bench/notes/gemm.md, session 17.
+bool gemm_takes_decode(const GemmArgs& args);
+
+// Runs the plain engine (no hooks), or the decode kernel (gemm_takes_decode), on `stream`.
+// Asynchronous; errors of the launch throw.
 void gemm(const GemmArgs& args, cudaStream_t stream);
 
 // Owns a workspace for the split last wave and sizes it to each launch:

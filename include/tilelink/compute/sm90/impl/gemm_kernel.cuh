@@ -33,6 +33,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "tilelink/compute/sm90/gemm.hpp"
+#include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
 #include "tilelink/core/error.hpp"
 
@@ -47,14 +48,6 @@ struct NoHooks {
 };
 
 namespace detail {
-
-// Throws tilelink::Error naming the failed CUDA call and file:line.
-inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess) {
-    ::tilelink::detail::throw_error(file, line, std::string(what) + ": " + cudaGetErrorString(e));
-  }
-}
-#define TL_SM90_CUDA_CHECK(call) ::tilelink::compute::sm90::detail::check_cuda((call), #call, __FILE__, __LINE__)
 
 // One engine configuration: element types, tile, epilogue, mainloop collective. kTmaStore_ (16-bit
 // outputs only): the consumers write a tile into shared memory and the store warp copies it to C
@@ -739,6 +732,9 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
                                           << dtype_name(detail::kDTypeOf<ElementOut>)
                                           << ", the arguments say " << dtype_name(args.in_type)
                                           << " -> " << dtype_name(args.out_type));
+  TL_REQUIRE(args.kernel != GemmKernel::kDecode,
+             "sm90 gemm: launch_gemm runs the tile engine; the decode kernel is gemm()'s (kernel = "
+             "kDecode)");
   TL_REQUIRE(kAltA || args.a_alt == nullptr,
              "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
   if (args.m == 0) return;  // nothing to compute; hooks are not called
