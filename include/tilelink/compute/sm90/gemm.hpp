@@ -59,9 +59,10 @@
 // of C: each warp streams 16 rows of B over a range of K with 16-byte loads straight into the
 // registers of mma.sync.m16n8k16 (B's rows as the MMA's M side, A's rows as its N side; each lane's
 // 8 contiguous elements of a row stand for its four k positions of two k16 steps, a permutation of
-// K that A and B share, so no shuffles), and the warps of a thread-block cluster split K and add
-// their partials through distributed shared memory in a fixed order (deterministic, no workspace).
-// It runs on every SM and has no hooks: fused ops name their tile width and always run the engine.
+// K that A and B share, so no shuffles). The warps of a block (on 1, 2 or 4 groups of 16 rows) and
+// the blocks of a thread-block cluster split K, and the cluster's first block adds the partials
+// through distributed shared memory in a fixed order (deterministic, no workspace). It runs on
+// every SM and has no hooks: fused ops name their tile width and always run the engine.
 #pragma once
 
 #include <cstdint>
