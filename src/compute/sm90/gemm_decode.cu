@@ -13,17 +13,18 @@
 // The 8 warps of a block take 1, 2 or 4 n-groups (decode_grid) and split K among those of a
 // group; the blocks of a cluster (1-8, along x) split it further. Each warp leaves its fp32
 // partials in its block's shared memory, and the cluster's first block adds them all (its own and
-// the others', through distributed shared memory) in rank and warp order, then stores C.
+// the others', through distributed shared memory) in rank and warp order, then stores C (or adds
+// into it) two columns at a time with the engine's store_pair / red_add_pair.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <type_traits>
 
 #include "instances.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
+#include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90::detail {
@@ -65,29 +66,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
-template <class Out>
-__device__ __forceinline__ void store_out(Out* dst, float v, bool reduce) {
-  if constexpr (std::is_same_v<Out, float>) {
-    if (reduce) {
-      atomicAdd(dst, v);
-    } else {
-      *dst = v;
-    }
-  } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-    if (reduce) {
-      atomicAdd(dst, __float2bfloat16_rn(v));
-    } else {
-      *dst = __float2bfloat16_rn(v);
-    }
-  } else {
-    if (reduce) {
-      atomicAdd(dst, __float2half_rn(v));
-    } else {
-      *dst = __float2half_rn(v);
-    }
   }
 }
 
@@ -163,19 +141,32 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   cluster.sync();  // every block's partials written (a block of one: __syncthreads)
 
   if (rank == 0) {
-    for (int i = static_cast<int>(threadIdx.x); i < p.warps_n * kValues * 32; i += kWarps * 32) {
-      const int on = i / (kValues * 32), value = i / 32 % kValues, l = i % 32;
-      float sum = 0.f;
+    // Two adjacent columns of C a thread (the engine's store_pair / red_add_pair): lanes l and
+    // l + 4 of a partial hold rows g and g + 1 of the MMA, i.e. columns n and n + 1 of C.
+    for (int i = static_cast<int>(threadIdx.x); i < p.warps_n * kValues * 16; i += kWarps * 32) {
+      const int on = i / (kValues * 16), value = i / 16 % kValues, q = i % 16;
+      const int l = q / 4 * 8 + q % 4;  // g = 2 (q / 4), t = q % 4
+      float sum0 = 0.f, sum1 = 0.f;
       for (int r = 0; r < ranks; ++r) {
         const float* base = cluster.map_shared_rank(&partial[0][0][0], r);
-        for (int w = on; w < kWarps; w += p.warps_n) sum += base[(w * kValues + value) * 32 + l];
+        for (int w = on; w < kWarps; w += p.warps_n) {
+          sum0 += base[(w * kValues + value) * 32 + l];
+          sum1 += base[(w * kValues + value) * 32 + l + 4];
+        }
       }
       // value = e * 4 + v; the accumulator's v: rows (of the MMA) g, g, g + 8, g + 8, columns 2t,
       // 2t + 1, 2t, 2t + 1 of the fragment.
       const int e = value / 4, v = value % 4;
-      const int n = n0 + (on - wn) * 16 + l / 4 + 8 * (v / 2);
+      const int n = n0 + (on - wn) * 16 + l / 4 + 8 * (v / 2);  // even; N is a multiple of 8
       const int m = 8 * e + 2 * (l % 4) + v % 2;
-      if (m < p.m && n < p.n) store_out(p.c + m * p.ldc + n, sum, p.reduce);
+      if (m < p.m && n < p.n) {
+        Out* dst = p.c + m * p.ldc + n;
+        if (p.reduce) {
+          red_add_pair(dst, sum0, sum1);
+        } else {
+          store_pair(dst, sum0, sum1);
+        }
+      }
     }
   }
   cluster.sync();  // the others' shared memory stays until the first block has read it
