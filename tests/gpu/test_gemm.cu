@@ -485,6 +485,42 @@ TEST(Sm90GemmDecode, ShapesAndDtypes) {
   run_and_check(decode(6, 264, 16392));  // a cluster of 4
 }
 
+// M above 16 (A's chunks staged in shared memory): every dtype pair, M on and off the 8-row
+// fragments' edges, K shorter than a chunk, ragged against the chunks and the steps, long enough
+// for clusters of 2; N from one n-group to more blocks than one wave.
+TEST(Sm90GemmDecode, StagedShapesAndDtypes) {
+  for (auto [in, out] : {std::pair{DType::kBF16, DType::kBF16},
+                         {DType::kBF16, DType::kF32},
+                         {DType::kF16, DType::kF16},
+                         {DType::kF16, DType::kF32}}) {
+    for (int64_t m : {17, 24, 31, 32}) {
+      for (auto [n, k] :
+           {std::pair{8, 8}, {24, 40}, {776, 1032}, {4232, 520}, {8, 32776}, {12680, 136}}) {
+        run_and_check(decode(m, n, k, in, out));
+      }
+    }
+  }
+  for (int64_t m : {18, 20, 25, 29}) run_and_check(decode(m, 1280, 8192));  // clusters of 2
+  run_and_check(decode(31, 8200, 4104));
+  run_and_check(decode(30, 20008, 4104));
+  run_and_check(decode(27, 264, 16392));
+}
+
+TEST(Sm90GemmDecode, StagedStridedAndReduceAdd) {
+  GemmArgs a = decode(19, 264, 200);
+  a.lda = 208, a.ldb = 216, a.ldc = 280;
+  run_and_check(a);
+  a.out_type = DType::kF32, a.ldc = 270;
+  run_and_check(a);
+  a.ldc = 0;
+  for (DType out : {DType::kBF16, DType::kF32}) {
+    a.out_type = out;
+    run_and_check(a, true);
+    run_and_check(decode(32, 4232, 8192, DType::kBF16, out), true);
+  }
+  run_and_check(decode(21, 776, 1032, DType::kF16, DType::kF16), true);
+}
+
 TEST(Sm90GemmDecode, StridedAndReduceAdd) {
   GemmArgs a = decode(13, 264, 200);
   a.lda = 208, a.ldb = 216, a.ldc = 280;
@@ -502,34 +538,43 @@ TEST(Sm90GemmDecode, StridedAndReduceAdd) {
 
 // The cluster's partials are added in a fixed order: the same inputs give the same bits.
 TEST(Sm90GemmDecode, Deterministic) {
-  GemmArgs a = decode(9, 264, 32768, DType::kBF16, DType::kF32);  // clusters of 8
-  Buffers buf;
-  void* c2 = nullptr;
-  CK(cudaMalloc(&buf.a, a.m * a.k * 2));
-  CK(cudaMalloc(&buf.b, a.n * a.k * 2));
-  CK(cudaMalloc(&buf.c, a.m * a.n * 4));
-  CK(cudaMalloc(&c2, a.m * a.n * 4));
-  ref::fill_uniform(buf.a, a.in_type, a.m * a.k, fresh_seed(), 1.0f);
-  ref::fill_uniform(buf.b, a.in_type, a.n * a.k, fresh_seed(), 1.0f);
-  a.a = buf.a, a.b = buf.b, a.c = buf.c;
-  gemm(a, 0);
-  a.c = c2;
-  gemm(a, 0);
-  std::vector<float> x(a.m * a.n), y(a.m * a.n);
-  CK(cudaMemcpy(x.data(), buf.c, x.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(y.data(), c2, y.size() * 4, cudaMemcpyDeviceToHost));
-  CK(cudaFree(c2));
-  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0);
+  for (int64_t m : {9, 28}) {
+    GemmArgs a = decode(m, 264, 32768, DType::kBF16, DType::kF32);  // clusters of 8
+    Buffers buf;
+    void* c2 = nullptr;
+    CK(cudaMalloc(&buf.a, a.m * a.k * 2));
+    CK(cudaMalloc(&buf.b, a.n * a.k * 2));
+    CK(cudaMalloc(&buf.c, a.m * a.n * 4));
+    CK(cudaMalloc(&c2, a.m * a.n * 4));
+    ref::fill_uniform(buf.a, a.in_type, a.m * a.k, fresh_seed(), 1.0f);
+    ref::fill_uniform(buf.b, a.in_type, a.n * a.k, fresh_seed(), 1.0f);
+    a.a = buf.a, a.b = buf.b, a.c = buf.c;
+    gemm(a, 0);
+    a.c = c2;
+    gemm(a, 0);
+    std::vector<float> x(a.m * a.n), y(a.m * a.n);
+    CK(cudaMemcpy(x.data(), buf.c, x.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(y.data(), c2, y.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaFree(c2));
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0);
+  }
 }
 
-// kAuto takes the decode kernel at M in [1, kDecodeMaxRows] with every SM and no named width, the
-// tile engine otherwise; both give the product.
+// kAuto takes the decode kernel at M in [1, kDecodeAutoMaxRows], and up to kDecodeMaxRows where N
+// <= kDecodeStagedMaxN, with every SM and no named width; the tile engine otherwise. Both give the
+// product.
 TEST(Sm90GemmDecode, AutoPicksByShape) {
   GemmArgs a = shape(1, 4096, 4096, DType::kBF16, DType::kBF16, 0);
   EXPECT_TRUE(gemm_takes_decode(a));
-  a.m = kDecodeMaxRows;
+  a.m = kDecodeAutoMaxRows;
   EXPECT_TRUE(gemm_takes_decode(a));
-  a.m = kDecodeMaxRows + 1;
+  a.m = kDecodeMaxRows;  // N = 4096 = kDecodeStagedMaxN
+  EXPECT_TRUE(gemm_takes_decode(a));
+  a.n = kDecodeStagedMaxN + 8;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.m = kDecodeAutoMaxRows;
+  EXPECT_TRUE(gemm_takes_decode(a));
+  a.n = 4096, a.m = kDecodeMaxRows + 1;
   EXPECT_FALSE(gemm_takes_decode(a));
   a.m = 0;
   EXPECT_FALSE(gemm_takes_decode(a));
@@ -542,6 +587,7 @@ TEST(Sm90GemmDecode, AutoPicksByShape) {
   a.kernel = GemmKernel::kAuto;
   EXPECT_TRUE(gemm_takes_decode(a));
   run_and_check(shape(5, 776, 1032, DType::kBF16, DType::kBF16, 0));                   // decode
+  run_and_check(shape(kDecodeMaxRows, 776, 1032, DType::kBF16, DType::kBF16, 0));      // staged
   run_and_check(shape(kDecodeMaxRows + 1, 776, 1032, DType::kBF16, DType::kBF16, 0));  // the engine
   GemmArgs e = shape(5, 776, 1032, DType::kF16, DType::kF32, 0);
   e.kernel = GemmKernel::kTileEngine;

@@ -1,5 +1,6 @@
 // The decode kernel (gemm.hpp, "Decode sizes"): C[M, N] (+)= A[M, K] * B[N, K]^T for M <=
-// kDecodeMaxRows, with mma.sync and no tiles of C.
+// kDecodeMaxRows, with mma.sync and no tiles of C. Two forms: decode_kernel (M <= 16) loads A into
+// registers beside B; decode_staged_kernel (M 17-32) stages A's chunks in shared memory.
 //
 // A warp takes 16 rows of B (an n-group) over a range of K. Per step of 32 elements of K, lane
 // (g = lane / 4, t = lane % 4) loads 16 bytes (8 elements, k0 + 8t ..) of B rows g and g + 8,
@@ -67,6 +68,48 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
+}
+
+// After each warp left its fp32 partials in `partial` ([kWarps][kMF * 4][32], at the same address
+// in every block of the cluster): the cluster's first block adds them in rank and warp order and
+// stores C (or adds into it), two adjacent columns a thread (the engine's store_pair /
+// red_add_pair): lanes l and l + 4 of a partial hold rows g and g + 1 of the MMA, i.e. columns n
+// and n + 1 of C. n_block: the block's first row of B.
+template <int kMF, class In, class Out>
+__device__ __forceinline__ void add_partials_and_store(const DecodeParams<In, Out>& p,
+                                                       float* partial, int n_block) {
+  constexpr int kValues = kMF * 4;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ranks = static_cast<int>(cluster.num_blocks());
+  cluster.sync();  // every block's partials written (a block of one: __syncthreads)
+  if (cluster.block_rank() == 0) {
+    for (int i = static_cast<int>(threadIdx.x); i < p.warps_n * kValues * 16; i += kWarps * 32) {
+      const int on = i / (kValues * 16), value = i / 16 % kValues, q = i % 16;
+      const int l = q / 4 * 8 + q % 4;  // g = 2 (q / 4), t = q % 4
+      float sum0 = 0.f, sum1 = 0.f;
+      for (int r = 0; r < ranks; ++r) {
+        const float* base = cluster.map_shared_rank(partial, r);
+        for (int w = on; w < kWarps; w += p.warps_n) {
+          sum0 += base[(w * kValues + value) * 32 + l];
+          sum1 += base[(w * kValues + value) * 32 + l + 4];
+        }
+      }
+      // value = e * 4 + v; the accumulator's v: rows (of the MMA) g, g, g + 8, g + 8, columns 2t,
+      // 2t + 1, 2t, 2t + 1 of the fragment.
+      const int e = value / 4, v = value % 4;
+      const int n = n_block + on * 16 + l / 4 + 8 * (v / 2);  // even; N is a multiple of 8
+      const int m = 8 * e + 2 * (l % 4) + v % 2;
+      if (m < p.m && n < p.n) {
+        Out* dst = p.c + m * p.ldc + n;
+        if (p.reduce) {
+          red_add_pair(dst, sum0, sum1);
+        } else {
+          store_pair(dst, sum0, sum1);
+        }
+      }
+    }
+  }
+  cluster.sync();  // the others' shared memory stays until the first block has read it
 }
 
 // kMF: m16n8 fragments along A's rows (M <= 8 kMF); kU: steps of K whose loads are issued before
@@ -138,38 +181,124 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   for (int e = 0; e < kMF; ++e)
 #pragma unroll
     for (int v = 0; v < 4; ++v) partial[warp][e * 4 + v][lane] = acc[e][v];
-  cluster.sync();  // every block's partials written (a block of one: __syncthreads)
+  add_partials_and_store<kMF>(p, &partial[0][0][0], n0 - wn * 16);
+}
 
-  if (rank == 0) {
-    // Two adjacent columns of C a thread (the engine's store_pair / red_add_pair): lanes l and
-    // l + 4 of a partial hold rows g and g + 1 of the MMA, i.e. columns n and n + 1 of C.
-    for (int i = static_cast<int>(threadIdx.x); i < p.warps_n * kValues * 16; i += kWarps * 32) {
-      const int on = i / (kValues * 16), value = i / 16 % kValues, q = i % 16;
-      const int l = q / 4 * 8 + q % 4;  // g = 2 (q / 4), t = q % 4
-      float sum0 = 0.f, sum1 = 0.f;
-      for (int r = 0; r < ranks; ++r) {
-        const float* base = cluster.map_shared_rank(&partial[0][0][0], r);
-        for (int w = on; w < kWarps; w += p.warps_n) {
-          sum0 += base[(w * kValues + value) * 32 + l];
-          sum1 += base[(w * kValues + value) * 32 + l + 4];
-        }
-      }
-      // value = e * 4 + v; the accumulator's v: rows (of the MMA) g, g, g + 8, g + 8, columns 2t,
-      // 2t + 1, 2t, 2t + 1 of the fragment.
-      const int e = value / 4, v = value % 4;
-      const int n = n0 + (on - wn) * 16 + l / 4 + 8 * (v / 2);  // even; N is a multiple of 8
-      const int m = 8 * e + 2 * (l % 4) + v % 2;
-      if (m < p.m && n < p.n) {
-        Out* dst = p.c + m * p.ldc + n;
-        if (p.reduce) {
-          red_add_pair(dst, sum0, sum1);
-        } else {
-          store_pair(dst, sum0, sum1);
-        }
+// M = 17-32 (kMF = 4 fragments of A's rows): A's reads grow with M, and held in registers for
+// kSteps steps ahead they spilled (session 17). Here the warps of a block that share a range of K
+// (a "k-group": p.warps_n warps on different n-groups) stage A's chunks of kChunkK in shared
+// memory, in the order the lanes read them (16 bytes a lane, 512 contiguous bytes a warp: no bank
+// conflicts), two chunks in flight (cp.async, zero-filled past M and K). B still streams into
+// registers, one chunk ahead of its MMAs. A is read from L2 once per k-group instead of once per
+// warp. (With 8 fragments, M <= 64, the shared-memory reads and the MMAs per byte of B doubled
+// and it ran at 0.3-0.7 of cuBLAS: bench/notes/gemm.md, session 18.)
+constexpr int kChunkSteps = kSteps;            // steps of K a chunk
+constexpr int kChunkK = kChunkSteps * kStepK;  // elements of K a chunk
+// Bytes of one chunk buffer of one k-group.
+constexpr int chunk_bytes(int fragments) { return fragments * kChunkSteps * 32 * 16; }
+
+template <class In, class Out, int kMF>
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
+    decode_staged_kernel(const DecodeParams<In, Out> p) {
+  extern __shared__ __align__(16) uint4 smem[];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int ranks = static_cast<int>(cluster.num_blocks());
+  const int warps_k = kWarps / p.warps_n, wn = warp % p.warps_n, wk = warp / p.warps_n;
+  const int n0 = (static_cast<int>(blockIdx.x) / ranks * p.warps_n + wn) * 16;
+  const int k_begin = (rank * warps_k + wk) * p.warp_k;
+  const int k_end = min(p.k, k_begin + p.warp_k);
+  const int chunks = k_end > k_begin ? (k_end - k_begin + kChunkK - 1) / kChunkK : 0;
+
+  // This k-group's two buffers: [buffer][e][step][lane] of 16 bytes.
+  constexpr int kBufU4 = chunk_bytes(kMF) / 16;
+  uint4* a_buf = smem + wk * 2 * kBufU4;
+  const int group_thread = wn * 32 + lane, group_threads = p.warps_n * 32;
+  const uint32_t barrier_id = 1 + wk;  // named barrier of the k-group (0 is __syncthreads)
+  auto group_sync = [&] {
+    asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(group_threads) : "memory");
+  };
+  // Chunk c of A into buffer c % 2: row r, 16-byte piece q (elements 8q ..) of the chunk goes to
+  // [e = r / 8][step = q / 4][lane = (r % 8) * 4 + q % 4].
+  auto stage_a = [&](int c) {
+    const int kc = k_begin + c * kChunkK;
+    uint4* buf = a_buf + (c & 1) * kBufU4;
+    for (int i = group_thread; i < kMF * 8 * (kChunkK / 8); i += group_threads) {
+      const int r = i / (kChunkK / 8), q = i % (kChunkK / 8);
+      const int kk = kc + 8 * q;
+      const bool ok = r < p.m && kk < k_end;
+      const In* src = ok ? p.a + r * p.lda + kk : p.a;
+      uint4* dst = buf + ((r / 8) * kChunkSteps + q / 4) * 32 + (r % 8) * 4 + q % 4;
+      const uint32_t dst_s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_s), "l"(src),
+                   "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+  };
+  auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
+
+  const In* b_row[2];
+  bool b_ok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = n0 + 8 * h + g;
+    b_ok[h] = row < p.n;
+    b_row[h] = p.b + (b_ok[h] ? row : 0) * p.ldb + 8 * t;
+  }
+  auto load_b = [&](int c, uint4(&bv)[kChunkSteps][2]) {
+#pragma unroll
+    for (int u = 0; u < kChunkSteps; ++u) {
+      const int kk = k_begin + c * kChunkK + kStepK * u;
+      const bool in_k = c < chunks && kk + 8 * t < k_end;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        bv[u][h] = in_k && b_ok[h] ? __ldcs(reinterpret_cast<const uint4*>(b_row[h] + kk))
+                                   : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  float acc[kMF][4];
+#pragma unroll
+  for (int e = 0; e < kMF; ++e) acc[e][0] = acc[e][1] = acc[e][2] = acc[e][3] = 0.f;
+
+  // One chunk: B of chunk c + 1 and A of chunk c + 1 requested, then chunk c's MMAs.
+  auto run_chunk = [&](int c, uint4(&bv)[kChunkSteps][2], uint4(&bv_next)[kChunkSteps][2]) {
+    load_b(c + 1, bv_next);
+    if (c + 1 < chunks) stage_a(c + 1);
+    commit();  // empty past the last chunk, so that the wait below always means chunk c
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(1) : "memory");  // this thread's chunk c
+    group_sync();                                                   // everyone's chunk c
+    const uint4* buf = a_buf + (c & 1) * kBufU4;
+#pragma unroll
+    for (int u = 0; u < kChunkSteps; ++u) {
+#pragma unroll
+      for (int e = 0; e < kMF; ++e) {
+        const uint4 av = buf[(e * kChunkSteps + u) * 32 + lane];
+        mma_16816<In>(acc[e], bv[u][0].x, bv[u][1].x, bv[u][0].y, bv[u][1].y, av.x, av.y);
+        mma_16816<In>(acc[e], bv[u][0].z, bv[u][1].z, bv[u][0].w, bv[u][1].w, av.z, av.w);
       }
     }
+    group_sync();  // chunk c read by all before chunk c + 2 is staged into its buffer
+  };
+  if (chunks > 0) {
+    uint4 bv0[kChunkSteps][2], bv1[kChunkSteps][2];
+    stage_a(0);
+    commit();
+    load_b(0, bv0);
+    for (int c = 0; c < chunks; c += 2) {
+      run_chunk(c, bv0, bv1);
+      if (c + 1 < chunks) run_chunk(c + 1, bv1, bv0);
+    }
   }
-  cluster.sync();  // the others' shared memory stays until the first block has read it
+  __syncthreads();  // every k-group done with its buffers: the partials reuse them
+  float* partial = reinterpret_cast<float*>(smem);  // [kWarps][kMF * 4][32]
+#pragma unroll
+  for (int e = 0; e < kMF; ++e)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) partial[(warp * kMF * 4 + e * 4 + v) * 32 + lane] = acc[e][v];
+  add_partials_and_store<kMF>(p, partial, n0 - wn * 16);
 }
 
 // How a launch spreads its work: n-groups of 16 rows of B (warps_n of them a block), and blocks
@@ -197,9 +326,30 @@ DecodeGrid decode_grid(int64_t n, int64_t k, int sms) {
   return d;
 }
 
-template <class In, class Out, int kMF>
-void launch(const GemmArgs& args, int sms, cudaStream_t stream) {
-  const DecodeGrid d = decode_grid(args.n, args.k, sms);
+// The staged kernel's layout (measured on M 17-32 x N 1280-28672 x K 4096-14336, bench/notes/
+// gemm.md session 18): k-groups of 2 warps, 4 a block; then clusters of 2 where the blocks still
+// take at most one SM each, or still fit one wave with each warp keeping kStagedClusterWarpK of K.
+// Clusters of 4-8 lost everywhere, as for the unstaged kernel.
+constexpr int kStagedWarpsN = 2;
+constexpr int64_t kStagedClusterWarpK = 1024;
+
+DecodeGrid staged_grid(int64_t n, int64_t k, int sms) {
+  DecodeGrid d;
+  d.warps_n = kStagedWarpsN;
+  const int64_t groups = (n + 16 * d.warps_n - 1) / (16 * d.warps_n);
+  const int64_t warps_k = kWarps / d.warps_n;
+  const bool one_a_sm = groups * 2 <= sms && k >= 2 * warps_k * kMinWarpK;
+  const bool one_wave =
+      groups * 2 <= int64_t{sms} * kBlocksPerSm && k >= 2 * warps_k * kStagedClusterWarpK;
+  d.cluster = one_a_sm || one_wave ? 2 : 1;
+  d.blocks = groups * d.cluster;
+  const int64_t parts = d.cluster * warps_k;
+  d.warp_k = ((k + parts - 1) / parts + kStepK - 1) / kStepK * kStepK;
+  return d;
+}
+
+template <class In, class Out>
+DecodeParams<In, Out> decode_params(const GemmArgs& args, const DecodeGrid& d) {
   DecodeParams<In, Out> p;
   p.a = static_cast<const In*>(args.a);
   p.b = static_cast<const In*>(args.b);
@@ -210,24 +360,51 @@ void launch(const GemmArgs& args, int sms, cudaStream_t stream) {
   p.warp_k = static_cast<int>(d.warp_k);
   p.warps_n = d.warps_n;
   p.reduce = args.epilogue == EpilogueMode::kReduceAdd;
+  return p;
+}
 
+template <class Kernel, class Params>
+void launch_cluster(Kernel kernel, const Params& p, const DecodeGrid& d, size_t smem_bytes,
+                    cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(d.blocks));
   config.blockDim = dim3(kWarps * 32);
+  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = d.cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   config.attrs = attr, config.numAttrs = 1;
-  TL_SM90_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_kernel<In, Out, kMF, kSteps>, p));
+  TL_SM90_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
+template <class In, class Out, int kMF>
+void launch(const GemmArgs& args, int sms, cudaStream_t stream) {
+  const DecodeGrid d = decode_grid(args.n, args.k, sms);
+  launch_cluster(decode_kernel<In, Out, kMF, kSteps>, decode_params<In, Out>(args, d), d, 0,
+                 stream);
+}
+
+template <class In, class Out, int kMF>
+void launch_staged(const GemmArgs& args, int sms, cudaStream_t stream) {
+  const DecodeGrid d = staged_grid(args.n, args.k, sms);
+  const size_t smem = static_cast<size_t>(kWarps / d.warps_n) * 2 * chunk_bytes(kMF);
+  auto* kernel = decode_staged_kernel<In, Out, kMF>;
+  // NOTE: on every launch: the attribute belongs to the kernel as loaded in the current context
+  // (a virtual world runs each rank in its own green context).
+  TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  launch_cluster(kernel, decode_params<In, Out>(args, d), d, smem, stream);
 }
 
 template <class In, class Out>
 void launch_for_shape(const GemmArgs& args, int sms, cudaStream_t stream) {
   if (args.m <= 8) {
     launch<In, Out, 1>(args, sms, stream);
-  } else {
+  } else if (args.m <= 16) {
     launch<In, Out, 2>(args, sms, stream);
+  } else {
+    launch_staged<In, Out, 4>(args, sms, stream);
   }
 }
 

@@ -53,7 +53,7 @@
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
 //
-// Decode sizes (M <= kDecodeMaxRows, 16): gemm() runs a second kernel there unless told otherwise
+// Decode sizes (M <= kDecodeMaxRows, 32): gemm() runs a second kernel there unless told otherwise
 // (GemmArgs::kernel, gemm_takes_decode). A 128-row tile computes mostly padding at such M, and the
 // few tiles along N keep most SMs idle while B streams from DRAM. The decode kernel has no tiles
 // of C: each warp streams 16 rows of B over a range of K with 16-byte loads straight into the
@@ -61,8 +61,12 @@
 // 8 contiguous elements of a row stand for its four k positions of two k16 steps, a permutation of
 // K that A and B share, so no shuffles). The warps of a block (on 1, 2 or 4 groups of 16 rows) and
 // the blocks of a thread-block cluster split K, and the cluster's first block adds the partials
-// through distributed shared memory in a fixed order (deterministic, no workspace). It runs on
-// every SM and has no hooks: fused ops name their tile width and always run the engine.
+// through distributed shared memory in a fixed order (deterministic, no workspace). At M > 16 its
+// warps read A's chunks from shared memory, staged once for the two warps that share a range of K
+// (held in registers, A's reads spilled). It runs on every SM and has no hooks: fused ops name
+// their tile width and always run the engine. kAuto takes it at M <= 16, and at M <= 32 where N <=
+// kDecodeStagedMaxN: above, the engine is as fast (bench/notes/gemm.md, sessions 17-18).
+
 #pragma once
 
 #include <cstdint>
@@ -81,7 +85,9 @@ enum class EpilogueMode : uint8_t { kStore, kReduceAdd };
 // Which kernel gemm() runs: kAuto takes the decode kernel where gemm_takes_decode says so, else
 // the tile engine.
 enum class GemmKernel : uint8_t { kAuto, kTileEngine, kDecode };
-inline constexpr int64_t kDecodeMaxRows = 16;
+inline constexpr int64_t kDecodeMaxRows = 32;
+inline constexpr int64_t kDecodeAutoMaxRows = 16;   // kAuto: any N up to here
+inline constexpr int64_t kDecodeStagedMaxN = 4096;  // kAuto: M in (16, 32] up to this N
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
 // launch may instead take tiles kTileNNarrow wide (GemmArgs::tile_n, gemm_pick_tile_n), where they
@@ -259,9 +265,9 @@ TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
 void gemm_check(const GemmArgs& args);
 
 // Whether gemm() runs the decode kernel for these arguments: kernel = kDecode, or kAuto with M in
-// [1, kDecodeMaxRows], num_sms = 0 (the decode kernel cannot keep to an SM budget) and tile_n = 0
-// (a named width asks for the tile engine). Measured against the engine and cuBLAS in
-// bench/notes/gemm.md, session 17.
+// [1, kDecodeAutoMaxRows] (or up to kDecodeMaxRows with N <= kDecodeStagedMaxN), num_sms = 0 (the
+// decode kernel cannot keep to an SM budget) and tile_n = 0 (a named width asks for the tile
+// engine). Measured against the engine and cuBLAS in bench/notes/gemm.md, sessions 17-18.
 bool gemm_takes_decode(const GemmArgs& args);
 
 // Runs the plain engine (no hooks), or the decode kernel (gemm_takes_decode), on `stream`.
