@@ -7,8 +7,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "tilelink/compute/sm90/gemm.hpp"
@@ -463,22 +465,31 @@ GemmArgs decode(int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
   return a;
 }
 
-// Every dtype pair; M across the 8-row fragments (1 and 2 of them); N not a multiple of 16, and
-// large enough for a block's warps on two n-groups (4232) or four (12680; 20008: more blocks than
-// the SMs hold); K not a multiple of the 32-element step, and long enough for clusters of 1 to 8
-// blocks (8 x 32776: 8).
-TEST(Sm90GemmDecode, ShapesAndDtypes) {
+// Every dtype pair x the rows `ms` x shapes whose N is not a multiple of 16, and large enough for
+// a block's warps on two n-groups (4232) or four (12680), and whose K is not a multiple of the
+// 32-element step, and long enough for clusters of 1 to 8 blocks (8 x 32776: 8). `last_k`: the K
+// of 12680 rows of B.
+void check_decode_grid(std::initializer_list<int64_t> ms, int64_t last_k) {
   for (auto [in, out] : {std::pair{DType::kBF16, DType::kBF16},
                          {DType::kBF16, DType::kF32},
                          {DType::kF16, DType::kF16},
                          {DType::kF16, DType::kF32}}) {
-    for (int64_t m : {1, 7, 8, 9, 16}) {
-      for (auto [n, k] :
-           {std::pair{8, 8}, {24, 40}, {776, 1032}, {4232, 520}, {8, 32776}, {12680, 520}}) {
+    for (int64_t m : ms) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{8, 8},
+                          {24, 40},
+                          {776, 1032},
+                          {4232, 520},
+                          {8, 32776},
+                          {12680, last_k}}) {
         run_and_check(decode(m, n, k, in, out));
       }
     }
   }
+}
+
+// M across the 8-row fragments (1 and 2 of them); 20008 rows of B: more blocks than the SMs hold.
+TEST(Sm90GemmDecode, ShapesAndDtypes) {
+  check_decode_grid({1, 7, 8, 9, 16}, 520);
   for (int64_t m : {2, 3, 5, 12}) run_and_check(decode(m, 1280, 8192));  // clusters of 2
   run_and_check(decode(4, 8200, 4104));
   run_and_check(decode(15, 20008, 4104));
@@ -489,51 +500,30 @@ TEST(Sm90GemmDecode, ShapesAndDtypes) {
 // fragments' edges, K shorter than a chunk, ragged against the chunks and the steps, long enough
 // for clusters of 2; N from one n-group to more blocks than one wave.
 TEST(Sm90GemmDecode, StagedShapesAndDtypes) {
-  for (auto [in, out] : {std::pair{DType::kBF16, DType::kBF16},
-                         {DType::kBF16, DType::kF32},
-                         {DType::kF16, DType::kF16},
-                         {DType::kF16, DType::kF32}}) {
-    for (int64_t m : {17, 24, 31, 32}) {
-      for (auto [n, k] :
-           {std::pair{8, 8}, {24, 40}, {776, 1032}, {4232, 520}, {8, 32776}, {12680, 136}}) {
-        run_and_check(decode(m, n, k, in, out));
-      }
-    }
-  }
+  check_decode_grid({17, 24, 31, 32}, 136);
   for (int64_t m : {18, 20, 25, 29}) run_and_check(decode(m, 1280, 8192));  // clusters of 2
   run_and_check(decode(31, 8200, 4104));
   run_and_check(decode(30, 20008, 4104));
   run_and_check(decode(27, 264, 16392));
 }
 
-TEST(Sm90GemmDecode, StagedStridedAndReduceAdd) {
-  GemmArgs a = decode(19, 264, 200);
-  a.lda = 208, a.ldb = 216, a.ldc = 280;
-  run_and_check(a);
-  a.out_type = DType::kF32, a.ldc = 270;
-  run_and_check(a);
-  a.ldc = 0;
-  for (DType out : {DType::kBF16, DType::kF32}) {
-    a.out_type = out;
-    run_and_check(a, true);
-    run_and_check(decode(32, 4232, 8192, DType::kBF16, out), true);
-  }
-  run_and_check(decode(21, 776, 1032, DType::kF16, DType::kF16), true);
-}
-
+// Strided A, B and C (the margins between C's rows stay poisoned) and kReduceAdd, in both forms
+// of the kernel (M <= 16 and M 17-32).
 TEST(Sm90GemmDecode, StridedAndReduceAdd) {
-  GemmArgs a = decode(13, 264, 200);
-  a.lda = 208, a.ldb = 216, a.ldc = 280;
-  run_and_check(a);  // the margins between C's rows stay poisoned
-  a.out_type = DType::kF32, a.ldc = 270;
-  run_and_check(a);
-  a.ldc = 0;
-  for (DType out : {DType::kBF16, DType::kF32}) {
-    a.out_type = out;
-    run_and_check(a, true);
-    run_and_check(decode(16, 4232, 8192, DType::kBF16, out), true);
+  for (auto [m, m_full, m_f16] : {std::tuple{13, 16, 1}, {19, 32, 21}}) {
+    GemmArgs a = decode(m, 264, 200);
+    a.lda = 208, a.ldb = 216, a.ldc = 280;
+    run_and_check(a);
+    a.out_type = DType::kF32, a.ldc = 270;
+    run_and_check(a);
+    a.ldc = 0;
+    for (DType out : {DType::kBF16, DType::kF32}) {
+      a.out_type = out;
+      run_and_check(a, true);
+      run_and_check(decode(m_full, 4232, 8192, DType::kBF16, out), true);
+    }
+    run_and_check(decode(m_f16, 776, 1032, DType::kF16, DType::kF16), true);
   }
-  run_and_check(decode(1, 776, 1032, DType::kF16, DType::kF16), true);
 }
 
 // The cluster's partials are added in a fixed order: the same inputs give the same bits.

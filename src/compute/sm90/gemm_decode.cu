@@ -70,6 +70,35 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
   }
 }
 
+// Where a warp of either kernel works: its n-group (16 rows of B from n0) and its range of K
+// [k_begin, k_end), from its place in the block (the wn-th of warps_n on different n-groups, the
+// wk-th of the block's ranges of K) and its block's rank in the cluster. Lane (g = lane / 4, t =
+// lane % 4) reads rows g and g + 8 of the n-group from element 8t of each step (b_row; b_ok: the
+// row is in B).
+template <class In, class Out>
+struct WarpPlace {
+  int wn, wk, n0, k_begin, k_end;
+  const In* b_row[2];
+  bool b_ok[2];
+
+  __device__ __forceinline__ WarpPlace(const DecodeParams<In, Out>& p, int warp, int lane) {
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int ranks = static_cast<int>(cluster.num_blocks());
+    const int warps_k = kWarps / p.warps_n;
+    wn = warp % p.warps_n, wk = warp / p.warps_n;
+    n0 = (static_cast<int>(blockIdx.x) / ranks * p.warps_n + wn) * 16;
+    k_begin = (rank * warps_k + wk) * p.warp_k;
+    k_end = min(p.k, k_begin + p.warp_k);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = n0 + 8 * h + lane / 4;
+      b_ok[h] = row < p.n;
+      b_row[h] = p.b + (b_ok[h] ? row : 0) * p.ldb + 8 * (lane % 4);
+    }
+  }
+};
+
 // After each warp left its fp32 partials in `partial` ([kWarps][kMF * 4][32], at the same address
 // in every block of the cluster): the cluster's first block adds them in rank and warp order and
 // stores C (or adds into it), two adjacent columns a thread (the engine's store_pair /
@@ -121,22 +150,12 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   __shared__ float partial[kWarps][kValues][32];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int ranks = static_cast<int>(cluster.num_blocks());
-  const int warps_k = kWarps / p.warps_n, wn = warp % p.warps_n, wk = warp / p.warps_n;
-  const int n0 = (static_cast<int>(blockIdx.x) / ranks * p.warps_n + wn) * 16;
-  const int k_begin = (rank * warps_k + wk) * p.warp_k;
-  const int k_end = min(p.k, k_begin + p.warp_k);
+  const WarpPlace<In, Out> w(p, warp, lane);
+  const int wn = w.wn, n0 = w.n0;
+  const int k_begin = w.k_begin, k_end = w.k_end;
+  const In* const b_row[2] = {w.b_row[0], w.b_row[1]};
+  const bool b_ok[2] = {w.b_ok[0], w.b_ok[1]};
 
-  const In* b_row[2];
-  bool b_ok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = n0 + 8 * h + g;
-    b_ok[h] = row < p.n;
-    b_row[h] = p.b + (b_ok[h] ? row : 0) * p.ldb + 8 * t;
-  }
   const In* a_row[kMF];
   bool a_ok[kMF];
 #pragma unroll
@@ -202,14 +221,12 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
     decode_staged_kernel(const DecodeParams<In, Out> p) {
   extern __shared__ __align__(16) uint4 smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int ranks = static_cast<int>(cluster.num_blocks());
-  const int warps_k = kWarps / p.warps_n, wn = warp % p.warps_n, wk = warp / p.warps_n;
-  const int n0 = (static_cast<int>(blockIdx.x) / ranks * p.warps_n + wn) * 16;
-  const int k_begin = (rank * warps_k + wk) * p.warp_k;
-  const int k_end = min(p.k, k_begin + p.warp_k);
+  const int t = lane % 4;
+  const WarpPlace<In, Out> w(p, warp, lane);
+  const int wn = w.wn, wk = w.wk, n0 = w.n0;
+  const int k_begin = w.k_begin, k_end = w.k_end;
+  const In* const b_row[2] = {w.b_row[0], w.b_row[1]};
+  const bool b_ok[2] = {w.b_ok[0], w.b_ok[1]};
   const int chunks = k_end > k_begin ? (k_end - k_begin + kChunkK - 1) / kChunkK : 0;
 
   // This k-group's two buffers: [buffer][e][step][lane] of 16 bytes.
@@ -239,14 +256,6 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
-  const In* b_row[2];
-  bool b_ok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = n0 + 8 * h + g;
-    b_ok[h] = row < p.n;
-    b_row[h] = p.b + (b_ok[h] ? row : 0) * p.ldb + 8 * t;
-  }
   auto load_b = [&](int c, uint4(&bv)[kChunkSteps][2]) {
 #pragma unroll
     for (int u = 0; u < kChunkSteps; ++u) {
