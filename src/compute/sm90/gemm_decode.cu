@@ -81,13 +81,15 @@ struct WarpPlace {
   const In* b_row[2];
   bool b_ok[2];
 
-  __device__ __forceinline__ WarpPlace(const DecodeParams<In, Out>& p, int warp, int lane) {
+  // warps_n: p.warps_n, or the staged kernel's constant (so that its index arithmetic folds).
+  __device__ __forceinline__ WarpPlace(const DecodeParams<In, Out>& p, int warp, int lane,
+                                       int warps_n) {
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank());
     const int ranks = static_cast<int>(cluster.num_blocks());
-    const int warps_k = kWarps / p.warps_n;
-    wn = warp % p.warps_n, wk = warp / p.warps_n;
-    n0 = (static_cast<int>(blockIdx.x) / ranks * p.warps_n + wn) * 16;
+    const int warps_k = kWarps / warps_n;
+    wn = warp % warps_n, wk = warp / warps_n;
+    n0 = (static_cast<int>(blockIdx.x) / ranks * warps_n + wn) * 16;
     k_begin = (rank * warps_k + wk) * p.warp_k;
     k_end = min(p.k, k_begin + p.warp_k);
 #pragma unroll
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   __shared__ float partial[kWarps][kValues][32];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const WarpPlace<In, Out> w(p, warp, lane);
+  const WarpPlace<In, Out> w(p, warp, lane, p.warps_n);
   const int wn = w.wn, n0 = w.n0;
   const int k_begin = w.k_begin, k_end = w.k_end;
   const In* const b_row[2] = {w.b_row[0], w.b_row[1]};
@@ -205,12 +207,13 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
 
 // M = 17-32 (kMF = 4 fragments of A's rows): A's reads grow with M, and held in registers for
 // kSteps steps ahead they spilled (session 17). Here the warps of a block that share a range of K
-// (a "k-group": p.warps_n warps on different n-groups) stage A's chunks of kChunkK in shared
+// (a "k-group": kStagedWarpsN warps on different n-groups) stage A's chunks of kChunkK in shared
 // memory, in the order the lanes read them (16 bytes a lane, 512 contiguous bytes a warp: no bank
 // conflicts), two chunks in flight (cp.async, zero-filled past M and K). B still streams into
 // registers, one chunk ahead of its MMAs. A is read from L2 once per k-group instead of once per
 // warp. (With 8 fragments, M <= 64, the shared-memory reads and the MMAs per byte of B doubled
 // and it ran at 0.3-0.7 of cuBLAS: bench/notes/gemm.md, session 18.)
+constexpr int kStagedWarpsN = 2;               // warps of a k-group (staged_grid)
 constexpr int kChunkSteps = kSteps;            // steps of K a chunk
 constexpr int kChunkK = kChunkSteps * kStepK;  // elements of K a chunk
 // Bytes of one chunk buffer of one k-group.
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   extern __shared__ __align__(16) uint4 smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int t = lane % 4;
-  const WarpPlace<In, Out> w(p, warp, lane);
+  const WarpPlace<In, Out> w(p, warp, lane, kStagedWarpsN);
   const int wn = w.wn, wk = w.wk, n0 = w.n0;
   const int k_begin = w.k_begin, k_end = w.k_end;
   const In* const b_row[2] = {w.b_row[0], w.b_row[1]};
@@ -232,7 +235,8 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   // This k-group's two buffers: [buffer][e][step][lane] of 16 bytes.
   constexpr int kBufU4 = chunk_bytes(kMF) / 16;
   uint4* a_buf = smem + wk * 2 * kBufU4;
-  const int group_thread = wn * 32 + lane, group_threads = p.warps_n * 32;
+  const int group_thread = wn * 32 + lane;
+  constexpr int group_threads = kStagedWarpsN * 32;
   const uint32_t barrier_id = 1 + wk;  // named barrier of the k-group (0 is __syncthreads)
   auto group_sync = [&] {
     asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(group_threads) : "memory");
@@ -336,10 +340,9 @@ DecodeGrid decode_grid(int64_t n, int64_t k, int sms) {
 }
 
 // The staged kernel's layout (measured on M 17-32 x N 1280-28672 x K 4096-14336, bench/notes/
-// gemm.md session 18): k-groups of 2 warps, 4 a block; then clusters of 2 where the blocks still
-// take at most one SM each, or still fit one wave with each warp keeping kStagedClusterWarpK of K.
-// Clusters of 4-8 lost everywhere, as for the unstaged kernel.
-constexpr int kStagedWarpsN = 2;
+// gemm.md session 18): k-groups of kStagedWarpsN = 2 warps, 4 a block; then clusters of 2 where
+// the blocks still take at most one SM each, or still fit one wave with each warp keeping
+// kStagedClusterWarpK of K. Clusters of 4-8 lost everywhere, as for the unstaged kernel.
 constexpr int64_t kStagedClusterWarpK = 1024;
 
 DecodeGrid staged_grid(int64_t n, int64_t k, int sms) {
