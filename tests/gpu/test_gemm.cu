@@ -529,7 +529,7 @@ TEST(Sm90GemmDecode, StridedAndReduceAdd) {
 // The cluster's partials are added in a fixed order: the same inputs give the same bits.
 TEST(Sm90GemmDecode, Deterministic) {
   for (int64_t m : {9, 28}) {
-    GemmArgs a = decode(m, 264, 32768, DType::kBF16, DType::kF32);  // clusters of 8
+    GemmArgs a = decode(m, 264, 32768, DType::kBF16, DType::kF32);  // clusters of 8, 2 (staged)
     Buffers buf;
     void* c2 = nullptr;
     CK(cudaMalloc(&buf.a, a.m * a.k * 2));
