@@ -63,10 +63,9 @@
 // the blocks of a thread-block cluster split K, and the cluster's first block adds the partials
 // through distributed shared memory in a fixed order (deterministic, no workspace). At M > 16 its
 // warps read A's chunks from shared memory, staged once for the two warps that share a range of K
-// (held in registers, A's reads spilled). It runs on every SM and has no hooks: fused ops name
-// their tile width and always run the engine. kAuto takes it at M <= 16, and at M <= 32 where N <=
-// kDecodeStagedMaxN: above, the engine is as fast (bench/notes/gemm.md, sessions 17-18).
-
+// (A held in registers there spilled). It runs on every SM and has no hooks: fused ops name their
+// tile width and always run the engine. kAuto takes it at M <= 16, and at M <= 32 where N <=
+// kDecodeStagedMaxN: above, the engine is as fast or faster (bench/notes/gemm.md, sessions 17-18).
 #pragma once
 
 #include <cstdint>
