@@ -465,10 +465,12 @@ GemmArgs decode(int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
   return a;
 }
 
-// Every dtype pair x the rows `ms` x shapes whose N is not a multiple of 16, and large enough for
-// a block's warps on two n-groups (4232) or four (12680), and whose K is not a multiple of the
-// 32-element step, and long enough for clusters of 1 to 8 blocks (8 x 32776: 8). `last_k`: the K
-// of 12680 rows of B.
+// Every dtype pair x the rows `ms` x shapes whose N is not a multiple of 16 (nor of the wgmma
+// form's 64 rows of B), from one tile of B's rows to more blocks than the SMs hold, and whose K is
+// not a multiple of the 32-element step nor of the 64-element k-block, and long enough for
+// clusters of 1 to 8 blocks (8 x 32776: 8). M <= 16 takes the mma.sync form where N >= 2048
+// (4232: a block's warps on two n-groups; 12680: four) and the wgmma form below. `last_k`: the K of
+// 12680 rows of B.
 void check_decode_grid(std::initializer_list<int64_t> ms, int64_t last_k) {
   for (auto [in, out] : {std::pair{DType::kBF16, DType::kBF16},
                          {DType::kBF16, DType::kF32},
@@ -487,49 +489,58 @@ void check_decode_grid(std::initializer_list<int64_t> ms, int64_t last_k) {
   }
 }
 
-// M across the 8-row fragments (1 and 2 of them); 20008 rows of B: more blocks than the SMs hold.
+// M <= 16, across the 8-row fragments (1 and 2 of them) and the wgmma form's 16 rows; 20008 rows
+// of B: more blocks than the SMs hold.
 TEST(Sm90GemmDecode, ShapesAndDtypes) {
   check_decode_grid({1, 7, 8, 9, 16}, 520);
-  for (int64_t m : {2, 3, 5, 12}) run_and_check(decode(m, 1280, 8192));  // clusters of 2
+  for (int64_t m : {2, 3, 5, 12}) {
+    run_and_check(decode(m, 1280, 8192));  // wgmma, clusters of 8
+    run_and_check(decode(m, 2048, 8192));  // mma.sync, clusters of 2
+  }
   run_and_check(decode(4, 8200, 4104));
   run_and_check(decode(15, 20008, 4104));
-  run_and_check(decode(6, 264, 16392));  // a cluster of 4
+  run_and_check(decode(6, 264, 16392));
 }
 
-// M above 16 (A's chunks staged in shared memory): every dtype pair, M on and off the 8-row
-// fragments' edges, K shorter than a chunk, ragged against the chunks and the steps, long enough
-// for clusters of 2; N from one n-group to more blocks than one wave.
-TEST(Sm90GemmDecode, StagedShapesAndDtypes) {
-  check_decode_grid({17, 24, 31, 32}, 136);
-  for (int64_t m : {18, 20, 25, 29}) run_and_check(decode(m, 1280, 8192));  // clusters of 2
-  run_and_check(decode(31, 8200, 4104));
+// M above 16 (the wgmma form only): every dtype pair, M on and off the 8-row edges (the rows of A
+// a stage loads) and across the 32- and 64-column MMAs, K shorter than a k-block and ragged
+// against it, N from one 64-row tile to more blocks than the SMs hold; K long enough for clusters
+// of 2 to 8 blocks.
+TEST(Sm90GemmDecode, WideShapesAndDtypes) {
+  check_decode_grid({17, 24, 31, 32, 33, 40, 47, 63, 64}, 136);
+  for (int64_t m : {18, 25, 34, 41, 56}) run_and_check(decode(m, 1280, 8192));
+  run_and_check(decode(57, 8200, 4104));
   run_and_check(decode(30, 20008, 4104));
-  run_and_check(decode(27, 264, 16392));
+  run_and_check(decode(50, 20008, 4104));
+  run_and_check(decode(64, 264, 16392));
+  run_and_check(decode(36, 72, 72));
 }
 
-// Strided A, B and C (the margins between C's rows stay poisoned) and kReduceAdd, in both forms
-// of the kernel (M <= 16 and M 17-32).
+// Strided A, B and C (the margins between C's rows stay poisoned) and kReduceAdd, in each form and
+// width of the kernel (mma.sync at M <= 16 with N >= 2048; wgmma with 16, 32 and 64 columns).
 TEST(Sm90GemmDecode, StridedAndReduceAdd) {
-  for (auto [m, m_full, m_f16] : {std::tuple{13, 16, 1}, {19, 32, 21}}) {
-    GemmArgs a = decode(m, 264, 200);
-    a.lda = 208, a.ldb = 216, a.ldc = 280;
+  for (auto [m, n, m_full, m_f16] :
+       {std::tuple{13, 2056, 16, 1}, {13, 264, 16, 1}, {19, 264, 32, 21}, {45, 264, 64, 39}}) {
+    GemmArgs a = decode(m, n, 200);
+    a.lda = 208, a.ldb = 216, a.ldc = n + 16;
     run_and_check(a);
-    a.out_type = DType::kF32, a.ldc = 270;
+    a.out_type = DType::kF32, a.ldc = n + 6;
     run_and_check(a);
     a.ldc = 0;
     for (DType out : {DType::kBF16, DType::kF32}) {
       a.out_type = out;
       run_and_check(a, true);
-      run_and_check(decode(m_full, 4232, 8192, DType::kBF16, out), true);
+      run_and_check(decode(m_full, n == 264 ? 1032 : 4232, 8192, DType::kBF16, out), true);
     }
-    run_and_check(decode(m_f16, 776, 1032, DType::kF16, DType::kF16), true);
+    run_and_check(decode(m_f16, n == 264 ? 776 : 2056, 1032, DType::kF16, DType::kF16), true);
   }
 }
 
-// The cluster's partials are added in a fixed order: the same inputs give the same bits.
+// The partials are added in a fixed order: the same inputs give the same bits.
 TEST(Sm90GemmDecode, Deterministic) {
-  for (int64_t m : {9, 28}) {
-    GemmArgs a = decode(m, 264, 32768, DType::kBF16, DType::kF32);  // clusters of 8, 2 (staged)
+  // mma.sync in clusters of 2; wgmma with 16, 32 and 64 columns in clusters of 8
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{9, 2048}, {9, 264}, {28, 264}, {50, 264}}) {
+    GemmArgs a = decode(m, n, 32768, DType::kBF16, DType::kF32);
     Buffers buf;
     void* c2 = nullptr;
     CK(cudaMalloc(&buf.a, a.m * a.k * 2));
@@ -546,21 +557,23 @@ TEST(Sm90GemmDecode, Deterministic) {
     CK(cudaMemcpy(x.data(), buf.c, x.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(y.data(), c2, y.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaFree(c2));
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << m << "x" << n;
   }
 }
 
 // kAuto takes the decode kernel at M in [1, kDecodeAutoMaxRows], and up to kDecodeMaxRows where N
-// <= kDecodeStagedMaxN, with every SM and no named width; the tile engine otherwise. Both give the
+// <= kDecodeWideMaxN, with every SM and no named width; the tile engine otherwise. Both give the
 // product.
 TEST(Sm90GemmDecode, AutoPicksByShape) {
   GemmArgs a = shape(1, 4096, 4096, DType::kBF16, DType::kBF16, 0);
   EXPECT_TRUE(gemm_takes_decode(a));
-  a.m = kDecodeAutoMaxRows;
+  a.m = kDecodeAutoMaxRows, a.n = 28672;  // any N
   EXPECT_TRUE(gemm_takes_decode(a));
-  a.m = kDecodeMaxRows;  // N = 4096 = kDecodeStagedMaxN
+  a.m = kDecodeMaxRows, a.n = kDecodeWideMaxN;
   EXPECT_TRUE(gemm_takes_decode(a));
-  a.n = kDecodeStagedMaxN + 8;
+  a.n = kDecodeWideMaxN + 8;
+  EXPECT_FALSE(gemm_takes_decode(a));
+  a.m = kDecodeAutoMaxRows + 1;
   EXPECT_FALSE(gemm_takes_decode(a));
   a.m = kDecodeAutoMaxRows;
   EXPECT_TRUE(gemm_takes_decode(a));
@@ -576,9 +589,11 @@ TEST(Sm90GemmDecode, AutoPicksByShape) {
   EXPECT_FALSE(gemm_takes_decode(a));
   a.kernel = GemmKernel::kAuto;
   EXPECT_TRUE(gemm_takes_decode(a));
-  run_and_check(shape(5, 776, 1032, DType::kBF16, DType::kBF16, 0));                   // decode
-  run_and_check(shape(kDecodeMaxRows, 776, 1032, DType::kBF16, DType::kBF16, 0));      // staged
+  run_and_check(shape(5, 2056, 1032, DType::kBF16, DType::kBF16, 0));                  // mma.sync
+  run_and_check(shape(5, 776, 1032, DType::kBF16, DType::kBF16, 0));                   // wgmma
+  run_and_check(shape(kDecodeMaxRows, 776, 1032, DType::kBF16, DType::kBF16, 0));      // wgmma
   run_and_check(shape(kDecodeMaxRows + 1, 776, 1032, DType::kBF16, DType::kBF16, 0));  // the engine
+  run_and_check(shape(kDecodeMaxRows, 16392, 1032, DType::kBF16, DType::kBF16, 0));    // the engine
   GemmArgs e = shape(5, 776, 1032, DType::kF16, DType::kF32, 0);
   e.kernel = GemmKernel::kTileEngine;
   run_and_check(e);

@@ -171,7 +171,7 @@ void gemm_check(const GemmArgs& a) {
 bool gemm_takes_decode(const GemmArgs& args) {
   if (args.kernel != GemmKernel::kAuto) return args.kernel == GemmKernel::kDecode;
   const bool rows = args.m >= 1 && (args.m <= kDecodeAutoMaxRows ||
-                                    (args.m <= kDecodeMaxRows && args.n <= kDecodeStagedMaxN));
+                                    (args.m <= kDecodeMaxRows && args.n <= kDecodeWideMaxN));
   return rows && args.num_sms == 0 && args.tile_n == 0 && args.a_alt == nullptr;
 }
 

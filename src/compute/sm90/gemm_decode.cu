@@ -1,6 +1,8 @@
 // The decode kernel (gemm.hpp, "Decode sizes"): C[M, N] (+)= A[M, K] * B[N, K]^T for M <=
-// kDecodeMaxRows, with mma.sync and no tiles of C. Two forms: decode_kernel (M <= 16) loads A into
-// registers beside B; decode_staged_kernel (M 17-32) stages A's chunks in shared memory.
+// kDecodeMaxRows. gemm_decode runs this file's mma.sync form at M <= 16 where N >= 2048, and the
+// wgmma form (gemm_decode_wgmma.cu) elsewhere. (A form of this kernel that staged A's chunks in
+// shared memory for M 17-32 lost to the wgmma form on every shape measured: bench/notes/gemm.md,
+// session 19.)
 //
 // A warp takes 16 rows of B (an n-group) over a range of K. Per step of 32 elements of K, lane
 // (g = lane / 4, t = lane % 4) loads 16 bytes (8 elements, k0 + 8t ..) of B rows g and g + 8,
@@ -39,6 +41,10 @@ constexpr int kMinWarpK = 512;   // the least K a warp takes when a cluster spli
 constexpr int kMaxCluster = 8;   // portable cluster size
 constexpr int kBlocksPerSm = 2;  // resident (__launch_bounds__; <= 128 registers a thread)
 constexpr int kSteps = 4;        // steps of K whose loads a warp issues before their MMAs
+// This kernel takes M <= kMmaSyncMaxRows where N >= kMmaSyncMinN; the wgmma form
+// (gemm_decode_wgmma.cu) takes the rest (bench/notes/gemm.md, session 19).
+constexpr int64_t kMmaSyncMaxRows = 16;
+constexpr int64_t kMmaSyncMinN = 2048;
 
 template <class In, class Out>
 struct DecodeParams {
@@ -81,9 +87,8 @@ struct WarpPlace {
   const In* b_row[2];
   bool b_ok[2];
 
-  // warps_n: p.warps_n, or the staged kernel's constant (so that its index arithmetic folds).
-  __device__ __forceinline__ WarpPlace(const DecodeParams<In, Out>& p, int warp, int lane,
-                                       int warps_n) {
+  __device__ __forceinline__ WarpPlace(const DecodeParams<In, Out>& p, int warp, int lane) {
+    const int warps_n = p.warps_n;
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = static_cast<int>(cluster.block_rank());
     const int ranks = static_cast<int>(cluster.num_blocks());
@@ -152,7 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   __shared__ float partial[kWarps][kValues][32];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const WarpPlace<In, Out> w(p, warp, lane, p.warps_n);
+  const WarpPlace<In, Out> w(p, warp, lane);
   const int wn = w.wn, n0 = w.n0;
   const int k_begin = w.k_begin, k_end = w.k_end;
   const In* const b_row[2] = {w.b_row[0], w.b_row[1]};
@@ -205,115 +210,6 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
   add_partials_and_store<kMF>(p, &partial[0][0][0], n0 - wn * 16);
 }
 
-// M = 17-32 (kMF = 4 fragments of A's rows): A's reads grow with M, and held in registers for
-// kSteps steps ahead they spilled (session 17). Here the warps of a block that share a range of K
-// (a "k-group": kStagedWarpsN warps on different n-groups) stage A's chunks of kChunkK in shared
-// memory, in the order the lanes read them (16 bytes a lane, 512 contiguous bytes a warp: no bank
-// conflicts), two chunks in flight (cp.async, zero-filled past M and K). B still streams into
-// registers, one chunk ahead of its MMAs. A is read from L2 once per k-group instead of once per
-// warp. (With 8 fragments, M <= 64, the shared-memory reads and the MMAs per byte of B doubled
-// and it ran at 0.3-0.7 of cuBLAS: bench/notes/gemm.md, session 18.)
-constexpr int kStagedWarpsN = 2;               // warps of a k-group (staged_grid)
-constexpr int kChunkSteps = kSteps;            // steps of K a chunk
-constexpr int kChunkK = kChunkSteps * kStepK;  // elements of K a chunk
-// Bytes of one chunk buffer of one k-group.
-constexpr int chunk_bytes(int fragments) { return fragments * kChunkSteps * 32 * 16; }
-
-template <class In, class Out, int kMF>
-__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
-    decode_staged_kernel(const DecodeParams<In, Out> p) {
-  extern __shared__ __align__(16) uint4 smem[];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int t = lane % 4;
-  const WarpPlace<In, Out> w(p, warp, lane, kStagedWarpsN);
-  const int wn = w.wn, wk = w.wk, n0 = w.n0;
-  const int k_begin = w.k_begin, k_end = w.k_end;
-  const In* const b_row[2] = {w.b_row[0], w.b_row[1]};
-  const bool b_ok[2] = {w.b_ok[0], w.b_ok[1]};
-  const int chunks = k_end > k_begin ? (k_end - k_begin + kChunkK - 1) / kChunkK : 0;
-
-  // This k-group's two buffers: [buffer][e][step][lane] of 16 bytes.
-  constexpr int kBufU4 = chunk_bytes(kMF) / 16;
-  uint4* a_buf = smem + wk * 2 * kBufU4;
-  const int group_thread = wn * 32 + lane;
-  constexpr int group_threads = kStagedWarpsN * 32;
-  const uint32_t barrier_id = 1 + wk;  // named barrier of the k-group (0 is __syncthreads)
-  auto group_sync = [&] {
-    asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(group_threads) : "memory");
-  };
-  // Chunk c of A into buffer c % 2: row r, 16-byte piece q (elements 8q ..) of the chunk goes to
-  // [e = r / 8][step = q / 4][lane = (r % 8) * 4 + q % 4].
-  auto stage_a = [&](int c) {
-    const int kc = k_begin + c * kChunkK;
-    uint4* buf = a_buf + (c & 1) * kBufU4;
-    for (int i = group_thread; i < kMF * 8 * (kChunkK / 8); i += group_threads) {
-      const int r = i / (kChunkK / 8), q = i % (kChunkK / 8);
-      const int kk = kc + 8 * q;
-      const bool ok = r < p.m && kk < k_end;
-      const In* src = ok ? p.a + r * p.lda + kk : p.a;
-      uint4* dst = buf + ((r / 8) * kChunkSteps + q / 4) * 32 + (r % 8) * 4 + q % 4;
-      const uint32_t dst_s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_s), "l"(src),
-                   "r"(ok ? 16 : 0)
-                   : "memory");
-    }
-  };
-  auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
-
-  auto load_b = [&](int c, uint4(&bv)[kChunkSteps][2]) {
-#pragma unroll
-    for (int u = 0; u < kChunkSteps; ++u) {
-      const int kk = k_begin + c * kChunkK + kStepK * u;
-      const bool in_k = c < chunks && kk + 8 * t < k_end;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        bv[u][h] = in_k && b_ok[h] ? __ldcs(reinterpret_cast<const uint4*>(b_row[h] + kk))
-                                   : make_uint4(0, 0, 0, 0);
-    }
-  };
-
-  float acc[kMF][4];
-#pragma unroll
-  for (int e = 0; e < kMF; ++e) acc[e][0] = acc[e][1] = acc[e][2] = acc[e][3] = 0.f;
-
-  // One chunk: B of chunk c + 1 and A of chunk c + 1 requested, then chunk c's MMAs.
-  auto run_chunk = [&](int c, uint4(&bv)[kChunkSteps][2], uint4(&bv_next)[kChunkSteps][2]) {
-    load_b(c + 1, bv_next);
-    if (c + 1 < chunks) stage_a(c + 1);
-    commit();  // empty past the last chunk, so that the wait below always means chunk c
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(1) : "memory");  // this thread's chunk c
-    group_sync();                                                   // everyone's chunk c
-    const uint4* buf = a_buf + (c & 1) * kBufU4;
-#pragma unroll
-    for (int u = 0; u < kChunkSteps; ++u) {
-#pragma unroll
-      for (int e = 0; e < kMF; ++e) {
-        const uint4 av = buf[(e * kChunkSteps + u) * 32 + lane];
-        mma_16816<In>(acc[e], bv[u][0].x, bv[u][1].x, bv[u][0].y, bv[u][1].y, av.x, av.y);
-        mma_16816<In>(acc[e], bv[u][0].z, bv[u][1].z, bv[u][0].w, bv[u][1].w, av.z, av.w);
-      }
-    }
-    group_sync();  // chunk c read by all before chunk c + 2 is staged into its buffer
-  };
-  if (chunks > 0) {
-    uint4 bv0[kChunkSteps][2], bv1[kChunkSteps][2];
-    stage_a(0);
-    commit();
-    load_b(0, bv0);
-    for (int c = 0; c < chunks; c += 2) {
-      run_chunk(c, bv0, bv1);
-      if (c + 1 < chunks) run_chunk(c + 1, bv1, bv0);
-    }
-  }
-  __syncthreads();  // every k-group done with its buffers: the partials reuse them
-  float* partial = reinterpret_cast<float*>(smem);  // [kWarps][kMF * 4][32]
-#pragma unroll
-  for (int e = 0; e < kMF; ++e)
-#pragma unroll
-    for (int v = 0; v < 4; ++v) partial[(warp * kMF * 4 + e * 4 + v) * 32 + lane] = acc[e][v];
-  add_partials_and_store<kMF>(p, partial, n0 - wn * 16);
-}
-
 // How a launch spreads its work: n-groups of 16 rows of B (warps_n of them a block), and blocks
 // a cluster (splitting K with the block's other warps).
 struct DecodeGrid {
@@ -334,27 +230,6 @@ DecodeGrid decode_grid(int64_t n, int64_t k, int sms) {
          k >= 2 * d.cluster * warps_k * kMinWarpK)
     d.cluster *= 2;
   d.blocks = groups() * d.cluster;
-  const int64_t parts = d.cluster * warps_k;
-  d.warp_k = ((k + parts - 1) / parts + kStepK - 1) / kStepK * kStepK;
-  return d;
-}
-
-// The staged kernel's layout (measured on M 17-32 x N 1280-28672 x K 4096-14336, bench/notes/
-// gemm.md session 18): k-groups of kStagedWarpsN = 2 warps, 4 a block; then clusters of 2 where
-// the blocks still take at most one SM each, or still fit one wave with each warp keeping
-// kStagedClusterWarpK of K. Clusters of 4-8 lost everywhere, as for the unstaged kernel.
-constexpr int64_t kStagedClusterWarpK = 1024;
-
-DecodeGrid staged_grid(int64_t n, int64_t k, int sms) {
-  DecodeGrid d;
-  d.warps_n = kStagedWarpsN;
-  const int64_t groups = (n + 16 * d.warps_n - 1) / (16 * d.warps_n);
-  const int64_t warps_k = kWarps / d.warps_n;
-  const bool one_a_sm = groups * 2 <= sms && k >= 2 * warps_k * kMinWarpK;
-  const bool one_wave =
-      groups * 2 <= int64_t{sms} * kBlocksPerSm && k >= 2 * warps_k * kStagedClusterWarpK;
-  d.cluster = one_a_sm || one_wave ? 2 : 1;
-  d.blocks = groups * d.cluster;
   const int64_t parts = d.cluster * warps_k;
   d.warp_k = ((k + parts - 1) / parts + kStepK - 1) / kStepK * kStepK;
   return d;
@@ -397,26 +272,14 @@ void launch(const GemmArgs& args, int sms, cudaStream_t stream) {
                  stream);
 }
 
-template <class In, class Out, int kMF>
-void launch_staged(const GemmArgs& args, int sms, cudaStream_t stream) {
-  const DecodeGrid d = staged_grid(args.n, args.k, sms);
-  const size_t smem = static_cast<size_t>(kWarps / d.warps_n) * 2 * chunk_bytes(kMF);
-  auto* kernel = decode_staged_kernel<In, Out, kMF>;
-  // NOTE: on every launch: the attribute belongs to the kernel as loaded in the current context
-  // (a virtual world runs each rank in its own green context).
-  TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-  launch_cluster(kernel, decode_params<In, Out>(args, d), d, smem, stream);
-}
-
 template <class In, class Out>
 void launch_for_shape(const GemmArgs& args, int sms, cudaStream_t stream) {
-  if (args.m <= 8) {
+  if (args.m > kMmaSyncMaxRows || args.n < kMmaSyncMinN) {
+    gemm_decode_wgmma<In, Out>(args, stream);
+  } else if (args.m <= 8) {
     launch<In, Out, 1>(args, sms, stream);
-  } else if (args.m <= 16) {
-    launch<In, Out, 2>(args, sms, stream);
   } else {
-    launch_staged<In, Out, 4>(args, sms, stream);
+    launch<In, Out, 2>(args, sms, stream);
   }
 }
 

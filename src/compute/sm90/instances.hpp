@@ -13,5 +13,9 @@ void gemm_f16_f16(const GemmArgs& args, cudaStream_t stream);
 void gemm_f16_f32(const GemmArgs& args, cudaStream_t stream);
 // The decode kernel (gemm.hpp, "Decode sizes") on `sms` SMs; the arguments checked.
 void gemm_decode(const GemmArgs& args, int sms, cudaStream_t stream);
+// Its wgmma form (gemm_decode_wgmma.cu, instantiated there for the four dtype pairs), which
+// gemm_decode runs where its own mma.sync form does not (gemm.hpp, "Decode sizes").
+template <class In, class Out>
+void gemm_decode_wgmma(const GemmArgs& args, cudaStream_t stream);
 
 }  // namespace tilelink::compute::sm90::detail

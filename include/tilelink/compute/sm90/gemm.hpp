@@ -53,19 +53,23 @@
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
 //
-// Decode sizes (M <= kDecodeMaxRows, 32): gemm() runs a second kernel there unless told otherwise
+// Decode sizes (M <= kDecodeMaxRows, 64): gemm() runs a second kernel there unless told otherwise
 // (GemmArgs::kernel, gemm_takes_decode). A 128-row tile computes mostly padding at such M, and the
 // few tiles along N keep most SMs idle while B streams from DRAM. The decode kernel has no tiles
-// of C: each warp streams 16 rows of B over a range of K with 16-byte loads straight into the
-// registers of mma.sync.m16n8k16 (B's rows as the MMA's M side, A's rows as its N side; each lane's
-// 8 contiguous elements of a row stand for its four k positions of two k16 steps, a permutation of
-// K that A and B share, so no shuffles). The warps of a block (on 1, 2 or 4 groups of 16 rows) and
-// the blocks of a thread-block cluster split K, and the cluster's first block adds the partials
-// through distributed shared memory in a fixed order (deterministic, no workspace). At M > 16 its
-// warps read A's chunks from shared memory, staged once for the two warps that share a range of K
-// (A held in registers there spilled). It runs on every SM and has no hooks: fused ops name their
-// tile width and always run the engine. kAuto takes it at M <= 16, and at M <= 32 where N <=
-// kDecodeStagedMaxN: above, the engine is as fast or faster (bench/notes/gemm.md, sessions 17-18).
+// of C along M, and two forms:
+//   - wgmma, "swap AB" (M 17-64, and M <= 16 where N < 2048): B's rows are the MMA's M side (64 a
+//     block) and A's rows its N side (M padded to 16, 32 or 64). TMA streams B's and A's k-blocks
+//     through a ring of shared-memory stages, two blocks an SM.
+//   - mma.sync (M <= 16 where N >= 2048): each warp streams 16 rows of B over a range of K with
+//     16-byte loads straight into the registers of mma.sync.m16n8k16, again B's rows as the MMA's
+//     M side (each lane's 8 contiguous elements of a row stand for its four k positions of two k16
+//     steps, a permutation of K that A and B share, so no shuffles).
+// In both, the blocks of a thread-block cluster (up to 8) split K, and their partials are added
+// through distributed shared memory in a fixed order (deterministic, no workspace). It runs on
+// every SM and has no hooks: fused ops name their tile width and always run the engine. kAuto
+// takes it at M <= kDecodeAutoMaxRows (32) for any N and at M <= 64 where N <= kDecodeWideMaxN
+// (16384): above that N the blocks of M 33-64 no longer fit one wave, and the engine was as fast or
+// faster (bench/notes/gemm.md, sessions 17-19).
 #pragma once
 
 #include <cstdint>
@@ -84,9 +88,9 @@ enum class EpilogueMode : uint8_t { kStore, kReduceAdd };
 // Which kernel gemm() runs: kAuto takes the decode kernel where gemm_takes_decode says so, else
 // the tile engine.
 enum class GemmKernel : uint8_t { kAuto, kTileEngine, kDecode };
-inline constexpr int64_t kDecodeMaxRows = 32;
-inline constexpr int64_t kDecodeAutoMaxRows = 16;   // kAuto: any N up to here
-inline constexpr int64_t kDecodeStagedMaxN = 4096;  // kAuto: M in (16, 32] up to this N
+inline constexpr int64_t kDecodeMaxRows = 64;
+inline constexpr int64_t kDecodeAutoMaxRows = 32;  // kAuto: any N up to here
+inline constexpr int64_t kDecodeWideMaxN = 16384;  // kAuto: M in (32, 64] up to this N
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
 // launch may instead take tiles kTileNNarrow wide (GemmArgs::tile_n, gemm_pick_tile_n), where they
@@ -264,9 +268,9 @@ TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
 void gemm_check(const GemmArgs& args);
 
 // Whether gemm() runs the decode kernel for these arguments: kernel = kDecode, or kAuto with M in
-// [1, kDecodeAutoMaxRows] (or up to kDecodeMaxRows with N <= kDecodeStagedMaxN), num_sms = 0 (the
+// [1, kDecodeAutoMaxRows] (or up to kDecodeMaxRows with N <= kDecodeWideMaxN), num_sms = 0 (the
 // decode kernel cannot keep to an SM budget) and tile_n = 0 (a named width asks for the tile
-// engine). Measured against the engine and cuBLAS in bench/notes/gemm.md, sessions 17-18.
+// engine). Measured against the engine and cuBLAS in bench/notes/gemm.md, sessions 17-19.
 bool gemm_takes_decode(const GemmArgs& args);
 
 // Runs the plain engine (no hooks), or the decode kernel (gemm_takes_decode), on `stream`.
