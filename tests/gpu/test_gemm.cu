@@ -503,12 +503,12 @@ TEST(Sm90GemmDecode, ShapesAndDtypes) {
 }
 
 // M above 16 (the wgmma form only): every dtype pair, M on and off the 8-row edges (the rows of A
-// a stage loads) and across the 32- and 64-column MMAs, K shorter than a k-block and ragged
+// a stage loads) and across the 32-, 64- and 128-column MMAs, K shorter than a k-block and ragged
 // against it, N from one 64-row tile to more blocks than the SMs hold; K long enough for clusters
 // of 2 to 8 blocks.
 TEST(Sm90GemmDecode, WideShapesAndDtypes) {
-  check_decode_grid({17, 24, 31, 32, 33, 40, 47, 63, 64}, 136);
-  for (int64_t m : {18, 25, 34, 41, 56}) run_and_check(decode(m, 1280, 8192));
+  check_decode_grid({17, 24, 31, 32, 33, 40, 47, 63, 64, 65, 100, 127, 128}, 136);
+  for (int64_t m : {18, 25, 34, 41, 56, 72, 121}) run_and_check(decode(m, 1280, 8192));
   run_and_check(decode(57, 8200, 4104));
   run_and_check(decode(30, 20008, 4104));
   run_and_check(decode(50, 20008, 4104));
@@ -517,10 +517,13 @@ TEST(Sm90GemmDecode, WideShapesAndDtypes) {
 }
 
 // Strided A, B and C (the margins between C's rows stay poisoned) and kReduceAdd, in each form and
-// width of the kernel (mma.sync at M <= 16 with N >= 2048; wgmma with 16, 32 and 64 columns).
+// width of the kernel (mma.sync at M <= 16 with N >= 2048; wgmma with 16, 32, 64 and 128 columns).
 TEST(Sm90GemmDecode, StridedAndReduceAdd) {
-  for (auto [m, n, m_full, m_f16] :
-       {std::tuple{13, 2056, 16, 1}, {13, 264, 16, 1}, {19, 264, 32, 21}, {45, 264, 64, 39}}) {
+  for (auto [m, n, m_full, m_f16] : {std::tuple{13, 2056, 16, 1},
+                                     {13, 264, 16, 1},
+                                     {19, 264, 32, 21},
+                                     {45, 264, 64, 39},
+                                     {90, 264, 128, 67}}) {
     GemmArgs a = decode(m, n, 200);
     a.lda = 208, a.ldb = 216, a.ldc = n + 16;
     run_and_check(a);
@@ -538,8 +541,9 @@ TEST(Sm90GemmDecode, StridedAndReduceAdd) {
 
 // The partials are added in a fixed order: the same inputs give the same bits.
 TEST(Sm90GemmDecode, Deterministic) {
-  // mma.sync in clusters of 2; wgmma with 16, 32 and 64 columns in clusters of 8
-  for (auto [m, n] : {std::pair<int64_t, int64_t>{9, 2048}, {9, 264}, {28, 264}, {50, 264}}) {
+  // mma.sync in clusters of 2; wgmma with 16, 32, 64 and 128 columns in clusters of 8
+  for (auto [m, n] :
+       {std::pair<int64_t, int64_t>{9, 2048}, {9, 264}, {28, 264}, {50, 264}, {111, 264}}) {
     GemmArgs a = decode(m, n, 32768, DType::kBF16, DType::kF32);
     Buffers buf;
     void* c2 = nullptr;
@@ -561,23 +565,25 @@ TEST(Sm90GemmDecode, Deterministic) {
   }
 }
 
-// kAuto takes the decode kernel at M in [1, kDecodeAutoMaxRows], and up to kDecodeMaxRows where N
-// <= kDecodeWideMaxN, with every SM and no named width; the tile engine otherwise. Both give the
-// product.
+// kAuto takes the decode kernel where gemm_decode_shape says so (M <= 32 at any N; M 33-64 up to
+// N = kDecodeWideMaxN; M 65-128 where N <= kDecodeTallMaxN or N * K <= kDecodeTallMaxNK), with
+// every SM and no named width; the tile engine otherwise. Both give the product.
 TEST(Sm90GemmDecode, AutoPicksByShape) {
-  GemmArgs a = shape(1, 4096, 4096, DType::kBF16, DType::kBF16, 0);
+  EXPECT_TRUE(gemm_decode_shape(1, 28672, 8192));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeAutoMaxRows, 28672, 28672));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeAutoMaxRows + 1, kDecodeWideMaxN, 28672));
+  EXPECT_FALSE(gemm_decode_shape(kDecodeAutoMaxRows + 1, kDecodeWideMaxN + 8, 1024));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeWideMaxRows, kDecodeWideMaxN, 8192));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeWideMaxRows + 1, kDecodeTallMaxN, 28672));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 4096, 4096));  // N * K = kDecodeTallMaxNK
+  EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows, 4096, 4104));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 14336, 1024));
+  EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows + 1, 1280, 1024));
+  EXPECT_FALSE(gemm_decode_shape(0, 1280, 1024));
+
+  GemmArgs a = shape(5, 4096, 4096, DType::kBF16, DType::kBF16, 0);
   EXPECT_TRUE(gemm_takes_decode(a));
-  a.m = kDecodeAutoMaxRows, a.n = 28672;  // any N
-  EXPECT_TRUE(gemm_takes_decode(a));
-  a.m = kDecodeMaxRows, a.n = kDecodeWideMaxN;
-  EXPECT_TRUE(gemm_takes_decode(a));
-  a.n = kDecodeWideMaxN + 8;
-  EXPECT_FALSE(gemm_takes_decode(a));
-  a.m = kDecodeAutoMaxRows + 1;
-  EXPECT_FALSE(gemm_takes_decode(a));
-  a.m = kDecodeAutoMaxRows;
-  EXPECT_TRUE(gemm_takes_decode(a));
-  a.n = 4096, a.m = kDecodeMaxRows + 1;
+  a.m = kDecodeMaxRows + 1;
   EXPECT_FALSE(gemm_takes_decode(a));
   a.m = 0;
   EXPECT_FALSE(gemm_takes_decode(a));
@@ -589,11 +595,14 @@ TEST(Sm90GemmDecode, AutoPicksByShape) {
   EXPECT_FALSE(gemm_takes_decode(a));
   a.kernel = GemmKernel::kAuto;
   EXPECT_TRUE(gemm_takes_decode(a));
+  a.m = kDecodeMaxRows, a.n = 8192, a.kernel = GemmKernel::kDecode;  // kDecode: any shape in range
+  EXPECT_TRUE(gemm_takes_decode(a));
   run_and_check(shape(5, 2056, 1032, DType::kBF16, DType::kBF16, 0));                  // mma.sync
   run_and_check(shape(5, 776, 1032, DType::kBF16, DType::kBF16, 0));                   // wgmma
   run_and_check(shape(kDecodeMaxRows, 776, 1032, DType::kBF16, DType::kBF16, 0));      // wgmma
   run_and_check(shape(kDecodeMaxRows + 1, 776, 1032, DType::kBF16, DType::kBF16, 0));  // the engine
-  run_and_check(shape(kDecodeMaxRows, 16392, 1032, DType::kBF16, DType::kBF16, 0));    // the engine
+  run_and_check(
+      shape(kDecodeWideMaxRows, 16392, 1032, DType::kBF16, DType::kBF16, 0));  // the engine
   GemmArgs e = shape(5, 776, 1032, DType::kF16, DType::kF32, 0);
   e.kernel = GemmKernel::kTileEngine;
   run_and_check(e);

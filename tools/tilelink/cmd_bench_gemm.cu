@@ -38,7 +38,7 @@
 // --tile-n N: every launch (engine and hooks) with N-wide tiles (GemmArgs::tile_n); 0, the default:
 // the engine's pick (gemm_pick_tile_n), listed after the table where it is the narrow one.
 // --kernel auto|tile|decode: the engine column's kernel (GemmArgs::kernel). auto, the default,
-// runs the decode kernel where gemm_takes_decode says so (M <= 32, or <= 64 with N <= 16384; with
+// runs the decode kernel where gemm_takes_decode says so (gemm_decode_shape, M <= 128; with
 // --tile-n 0 and --num-sms 0); those shapes are listed after the table, and their hooks columns
 // are "-" (hooks run in the tile engine only: `--kernel tile` measures them there).
 // TILELINK_CLI_TRACE=1 prints each batch's wall-clock span on stderr (to match clock samples).

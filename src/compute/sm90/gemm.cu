@@ -170,9 +170,8 @@ void gemm_check(const GemmArgs& a) {
 
 bool gemm_takes_decode(const GemmArgs& args) {
   if (args.kernel != GemmKernel::kAuto) return args.kernel == GemmKernel::kDecode;
-  const bool rows = args.m >= 1 && (args.m <= kDecodeAutoMaxRows ||
-                                    (args.m <= kDecodeMaxRows && args.n <= kDecodeWideMaxN));
-  return rows && args.num_sms == 0 && args.tile_n == 0 && args.a_alt == nullptr;
+  return gemm_decode_shape(args.m, args.n, args.k) && args.num_sms == 0 && args.tile_n == 0 &&
+         args.a_alt == nullptr;
 }
 
 void gemm(const GemmArgs& args, cudaStream_t stream) {

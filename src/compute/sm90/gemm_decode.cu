@@ -25,6 +25,7 @@
 
 #include <type_traits>
 
+#include "cluster_launch.hpp"
 #include "instances.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
@@ -250,26 +251,11 @@ DecodeParams<In, Out> decode_params(const GemmArgs& args, const DecodeGrid& d) {
   return p;
 }
 
-template <class Kernel, class Params>
-void launch_cluster(Kernel kernel, const Params& p, const DecodeGrid& d, size_t smem_bytes,
-                    cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(d.blocks));
-  config.blockDim = dim3(kWarps * 32);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = d.cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  config.attrs = attr, config.numAttrs = 1;
-  TL_SM90_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-}
-
 template <class In, class Out, int kMF>
 void launch(const GemmArgs& args, int sms, cudaStream_t stream) {
   const DecodeGrid d = decode_grid(args.n, args.k, sms);
-  launch_cluster(decode_kernel<In, Out, kMF, kSteps>, decode_params<In, Out>(args, d), d, 0,
-                 stream);
+  ClusterLaunch(d.blocks, kWarps * 32, 0, d.cluster, stream)
+      .launch(decode_kernel<In, Out, kMF, kSteps>, decode_params<In, Out>(args, d));
 }
 
 template <class In, class Out>

@@ -34,6 +34,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cluster_launch.hpp"
 #include "instances.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
@@ -109,9 +110,11 @@ struct WgmmaOp;
 TL_WGMMA_OP(__nv_bfloat16, 16, MMA_64x16x16_F32BF16BF16_SS)
 TL_WGMMA_OP(__nv_bfloat16, 32, MMA_64x32x16_F32BF16BF16_SS)
 TL_WGMMA_OP(__nv_bfloat16, 64, MMA_64x64x16_F32BF16BF16_SS)
+TL_WGMMA_OP(__nv_bfloat16, 128, MMA_64x128x16_F32BF16BF16_SS)
 TL_WGMMA_OP(__half, 16, MMA_64x16x16_F32F16F16_SS)
 TL_WGMMA_OP(__half, 32, MMA_64x32x16_F32F16F16_SS)
 TL_WGMMA_OP(__half, 64, MMA_64x64x16_F32F16F16_SS)
+TL_WGMMA_OP(__half, 128, MMA_64x128x16_F32F16F16_SS)
 #undef TL_WGMMA_OP
 
 template <class In, int kCols, size_t... I>
@@ -290,17 +293,9 @@ int max_active_clusters(Kernel kernel, int parts, int smem_bytes) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = known.find(key); it != known.end()) return it->second;
   }
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(kThreads);
-  config.gridDim = dim3(static_cast<unsigned>(parts));
-  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(parts), attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr, config.numAttrs = 1;
-  int clusters = 0;
-  TL_SM90_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  const int clusters =
+      ClusterLaunch(parts, kThreads, static_cast<size_t>(smem_bytes), parts, nullptr)
+          .max_active_clusters(kernel);
   const std::lock_guard<std::mutex> lock(mutex);
   known[key] = clusters;
   return clusters;
@@ -347,16 +342,7 @@ void launch_wgmma(const GemmArgs& args, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
   const WgmmaGrid g = wgmma_grid(kernel, L::kSmemBytes, args.n, args.k);
   p.parts = g.parts;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(g.tiles * g.parts));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = L::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = g.parts, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  config.attrs = attr, config.numAttrs = 1;
-  TL_SM90_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  ClusterLaunch(g.tiles * g.parts, kThreads, L::kSmemBytes, g.parts, stream).launch(kernel, p);
 }
 
 }  // namespace
@@ -367,8 +353,10 @@ void gemm_decode_wgmma(const GemmArgs& args, cudaStream_t stream) {
     launch_wgmma<In, Out, 16>(args, stream);
   } else if (args.m <= 32) {
     launch_wgmma<In, Out, 32>(args, stream);
-  } else {
+  } else if (args.m <= 64) {
     launch_wgmma<In, Out, 64>(args, stream);
+  } else {
+    launch_wgmma<In, Out, 128>(args, stream);
   }
 }
 

@@ -53,13 +53,13 @@
 // Epilogue modes: kStore writes C (C may be a peer's memory: plain generic stores), kReduceAdd adds
 // the tile into C with red.global.add (bf16x2 / f16x2 / f32x2): the GEMM+ReduceScatter push path.
 //
-// Decode sizes (M <= kDecodeMaxRows, 64): gemm() runs a second kernel there unless told otherwise
+// Decode sizes (M <= kDecodeMaxRows, 128): gemm() runs a second kernel there unless told otherwise
 // (GemmArgs::kernel, gemm_takes_decode). A 128-row tile computes mostly padding at such M, and the
 // few tiles along N keep most SMs idle while B streams from DRAM. The decode kernel has no tiles
 // of C along M, and two forms:
-//   - wgmma, "swap AB" (M 17-64, and M <= 16 where N < 2048): B's rows are the MMA's M side (64 a
-//     block) and A's rows its N side (M padded to 16, 32 or 64). TMA streams B's and A's k-blocks
-//     through a ring of shared-memory stages, two blocks an SM.
+//   - wgmma, "swap AB" (M 17-128, and M <= 16 where N < 2048): B's rows are the MMA's M side (64 a
+//     block) and A's rows its N side (M padded to 16, 32, 64 or 128). TMA streams B's and A's
+//     k-blocks through a ring of shared-memory stages, two blocks an SM.
 //   - mma.sync (M <= 16 where N >= 2048): each warp streams 16 rows of B over a range of K with
 //     16-byte loads straight into the registers of mma.sync.m16n8k16, again B's rows as the MMA's
 //     M side (each lane's 8 contiguous elements of a row stand for its four k positions of two k16
@@ -67,9 +67,7 @@
 // In both, the blocks of a thread-block cluster (up to 8) split K, and their partials are added
 // through distributed shared memory in a fixed order (deterministic, no workspace). It runs on
 // every SM and has no hooks: fused ops name their tile width and always run the engine. kAuto
-// takes it at M <= kDecodeAutoMaxRows (32) for any N and at M <= 64 where N <= kDecodeWideMaxN
-// (16384): above that N the blocks of M 33-64 no longer fit one wave, and the engine was as fast or
-// faster (bench/notes/gemm.md, sessions 17-19).
+// takes it where gemm_decode_shape says so.
 #pragma once
 
 #include <cstdint>
@@ -88,9 +86,23 @@ enum class EpilogueMode : uint8_t { kStore, kReduceAdd };
 // Which kernel gemm() runs: kAuto takes the decode kernel where gemm_takes_decode says so, else
 // the tile engine.
 enum class GemmKernel : uint8_t { kAuto, kTileEngine, kDecode };
-inline constexpr int64_t kDecodeMaxRows = 64;
-inline constexpr int64_t kDecodeAutoMaxRows = 32;  // kAuto: any N up to here
-inline constexpr int64_t kDecodeWideMaxN = 16384;  // kAuto: M in (32, 64] up to this N
+inline constexpr int64_t kDecodeMaxRows = 128;  // kDecode: M up to here
+
+// kAuto's choice of the decode kernel by shape (measured against the engine, bench/notes/gemm.md,
+// sessions 17-19): M <= 32 at any N; M 33-64 up to N = 16384 (above, its blocks of 64 rows of B
+// no longer fit one wave); M 65-128 where N <= 2048 (the engine's few tiles leave most SMs idle:
+// 1.3-2x there) or N * K <= 2^24 (above, the engine was as fast or up to 6% faster).
+inline constexpr int64_t kDecodeAutoMaxRows = 32;
+inline constexpr int64_t kDecodeWideMaxRows = 64;
+inline constexpr int64_t kDecodeWideMaxN = 16384;
+inline constexpr int64_t kDecodeTallMaxN = 2048;
+inline constexpr int64_t kDecodeTallMaxNK = int64_t{1} << 24;
+TL_HD inline bool gemm_decode_shape(int64_t m, int64_t n, int64_t k) {
+  if (m < 1 || m > kDecodeMaxRows) return false;
+  if (m <= kDecodeAutoMaxRows) return true;
+  if (m <= kDecodeWideMaxRows) return n <= kDecodeWideMaxN;
+  return n <= kDecodeTallMaxN || n * k <= kDecodeTallMaxNK;
+}
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
 // launch may instead take tiles kTileNNarrow wide (GemmArgs::tile_n, gemm_pick_tile_n), where they
@@ -267,8 +279,8 @@ TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
 // alignment, num_sms out of [0, device SMs], start_m/group_m out of range.
 void gemm_check(const GemmArgs& args);
 
-// Whether gemm() runs the decode kernel for these arguments: kernel = kDecode, or kAuto with M in
-// [1, kDecodeAutoMaxRows] (or up to kDecodeMaxRows with N <= kDecodeWideMaxN), num_sms = 0 (the
+// Whether gemm() runs the decode kernel for these arguments: kernel = kDecode, or kAuto with
+// gemm_decode_shape(M, N, K), num_sms = 0 (the
 // decode kernel cannot keep to an SM budget) and tile_n = 0 (a named width asks for the tile
 // engine). Measured against the engine and cuBLAS in bench/notes/gemm.md, sessions 17-19.
 bool gemm_takes_decode(const GemmArgs& args);
