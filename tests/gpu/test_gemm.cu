@@ -575,8 +575,8 @@ TEST(Sm90GemmDecode, AutoPicksByShape) {
   EXPECT_FALSE(gemm_decode_shape(kDecodeAutoMaxRows + 1, kDecodeWideMaxN + 8, 1024));
   EXPECT_TRUE(gemm_decode_shape(kDecodeWideMaxRows, kDecodeWideMaxN, 8192));
   EXPECT_TRUE(gemm_decode_shape(kDecodeWideMaxRows + 1, kDecodeTallMaxN, 28672));
-  EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 4096, 4096));  // N * K = kDecodeTallMaxNK
-  EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows, 4096, 4104));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 8192, 8192));  // N * K = kDecodeTallMaxNK
+  EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows, 8192, 8200));
   EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 14336, 1024));
   EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows + 1, 1280, 1024));
   EXPECT_FALSE(gemm_decode_shape(0, 1280, 1024));

@@ -23,7 +23,6 @@
 #include <cutlass/arch/barrier.h>
 
 #include <cstdint>
-#include <cuda/ptx>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
@@ -44,7 +43,6 @@ namespace tilelink::compute::sm90::detail {
 namespace {
 
 namespace cg = cooperative_groups;
-namespace ptx = ::cuda::ptx;
 
 constexpr int kBlockK = 64;             // elements of K a stage (128 bytes of a row)
 constexpr int kRowBytes = kBlockK * 2;  // 16-bit inputs
@@ -65,8 +63,8 @@ struct WgmmaLayout {
   static constexpr int kABytes = kCols * kRowBytes;
   static constexpr int kStageBytes = kWBytes + kABytes;
   static constexpr int kStages = kStagesBytes / kStageBytes < 8 ? kStagesBytes / kStageBytes : 8;
-  static constexpr int kTileLd =
-      kRowsW + 4;  // floats a row of the fp32 tile (+4: no bank conflicts)
+  // floats a row of the epilogue's fp32 tile (+4: the transposed writes hit no bank twice)
+  static constexpr int kTileLd = kRowsW + 4;
   static constexpr int kTileBytes = kCols * kTileLd * 4;
   static constexpr int kRingBytes = kStages * kStageBytes;
   static_assert(kTileBytes <= kRingBytes, "the epilogue's tile reuses the stages");
@@ -85,6 +83,19 @@ struct WgmmaParams {
   int parts;  // blocks of a cluster (K split in as many parts)
   bool reduce;
 };
+
+// A TMA load of the box at (c0, c1) into `dst`, completing on `bar`, with an L2 eviction policy
+// (createpolicy).
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                         uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::"
+      "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(map), "r"(c0), "r"(c1), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+      "l"(policy)
+      : "memory");
+}
 
 // The wgmma descriptor of an operand tile in shared memory: K-major rows of 128 bytes in the
 // 128-byte swizzle, 8-row groups 1024 bytes apart. `addr` moves by 32 bytes a k16 step inside
@@ -168,17 +179,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   float acc[kAcc];
   if (warp == kLoadWarp) {
     if (lane == 0) {
+      // B streams through L2 once; A is read again by every block of the grid. (Without these
+      // hints, 39 launches of M 24-128 ran a median 8% slower, from 3% faster to 17% slower:
+      // bench/notes/gemm.md, session 19.)
+      uint64_t b_policy, a_policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(b_policy));
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(a_policy));
       for (int kb = kb0; kb < kb1; ++kb) {
         const int i = kb - kb0, s = i % L::kStages;
         if (i >= L::kStages) Barrier::wait(&empty[s], (i / L::kStages - 1) & 1);
         TxBarrier::arrive_and_expect_tx(&full[s], L::kWBytes + p.a_rows * kRowBytes);
-        const int32_t b_box[2] = {kb * kBlockK, n0};
-        const int32_t a_box[2] = {kb * kBlockK, 0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem + s * L::kStageBytes,
-                                  &p.b_map, b_box, &full[s]);
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global,
-                                  smem + s * L::kStageBytes + L::kWBytes, &p.a_map, a_box,
-                                  &full[s]);
+        tma_load(smem + s * L::kStageBytes, &p.b_map, kb * kBlockK, n0, &full[s], b_policy);
+        tma_load(smem + s * L::kStageBytes + L::kWBytes, &p.a_map, kb * kBlockK, 0, &full[s],
+                 a_policy);
       }
     }
   } else {
