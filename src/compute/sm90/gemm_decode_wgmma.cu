@@ -1,8 +1,8 @@
 // The decode kernel's wgmma form (gemm.hpp, "Decode sizes"): C[M, N] (+)= A[M, K] * B[N, K]^T for
 // M <= kDecodeMaxRows with the operands swapped ("swap AB"): B's rows are wgmma's M side (64 an
-// instruction) and A's rows its N side (kCols: M padded up to 16, 32 or 64), so a block's tile is
-// 64 rows of B by all of A's rows, and C is written transposed from it. At these M a 128-row tile
-// of the engine computes mostly padding, and its few tiles along N leave most SMs idle.
+// instruction) and A's rows its N side (kCols: M padded up to 16, 32, 64 or 128), so a block's tile
+// is 64 rows of B by all of A's rows, and C is written transposed from it. At these M a 128-row
+// tile of the engine computes mostly padding, and its few tiles along N leave most SMs idle.
 //
 // A block: warpgroup 0 (warps 0-3) runs the MMAs, warp 4 issues the TMA loads. The k-blocks of
 // 64 elements of K (128 bytes a row, the 128-byte swizzle) of B's rows and of A pass through a

@@ -280,9 +280,8 @@ TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
 void gemm_check(const GemmArgs& args);
 
 // Whether gemm() runs the decode kernel for these arguments: kernel = kDecode, or kAuto with
-// gemm_decode_shape(M, N, K), num_sms = 0 (the
-// decode kernel cannot keep to an SM budget) and tile_n = 0 (a named width asks for the tile
-// engine). Measured against the engine and cuBLAS in bench/notes/gemm.md, sessions 17-19.
+// gemm_decode_shape(M, N, K), num_sms = 0 (the decode kernel cannot keep to an SM budget) and
+// tile_n = 0 (a named width asks for the tile engine).
 bool gemm_takes_decode(const GemmArgs& args);
 
 // Runs the plain engine (no hooks), or the decode kernel (gemm_takes_decode), on `stream`.
