@@ -683,16 +683,53 @@ TEST(Sm90Gemm, NarrowTiles) {
   }
 }
 
-// The engine's pick of the tile width (tile_n 0): the narrow tile where its waves are shorter by
-// the rule's margin, never for a few rows; the pick's launch is correct, sized and split as the
-// pick says; a width that is neither is refused.
+// A ragged last tile row (M % 128 != 0) loads A in a box of its own rows (rounded up to 8), the
+// stage's other rows left as an earlier stage wrote them (load_short_a): every remainder class
+// (1, 7, 8, 9, 64, 65, 120, 121, 127 rows) with one tile row and several, each tile width, split
+// last waves of 2 to 4 parts, several tiles a block (the TMA store), kReduceAdd and the other
+// dtype pairs. Small K first, so the ring wraps with stale rows in every stage.
+TEST(Sm90Gemm, RaggedLastTileRow) {
+  for (int tile_n : {kTileN, kTileNNarrow, kTileNSlim}) {
+    SCOPED_TRACE(::testing::Message() << "tile_n " << tile_n);
+    for (int64_t rows : {1, 7, 8, 9, 64, 65, 120, 121, 127}) {
+      for (int64_t m : {rows, 128 + rows, 384 + rows})
+        run_and_check(shape(m, 264, 1032, DType::kBF16, DType::kBF16, tile_n));
+    }
+    run_and_check(shape(200, 776, 72, DType::kBF16, DType::kBF16, tile_n), true);
+    for (auto [in, out] : {std::pair{DType::kBF16, DType::kF32},
+                           {DType::kF16, DType::kF16},
+                           {DType::kF16, DType::kF32}}) {
+      run_and_check(shape(1000, 776, 1032, in, out, tile_n));
+    }
+    struct Case {
+      GemmArgs args;
+      int sms;
+    };
+    for (Case c : {Case{shape(1000, 1032, 520, DType::kBF16, DType::kBF16, tile_n), 13},
+                   Case{shape(300, 2056, 4096, DType::kBF16, DType::kBF16, tile_n), 40},
+                   Case{shape(136, 776, 8192, DType::kBF16, DType::kBF16, tile_n), 32},
+                   Case{shape(72, 264, 8192, DType::kF16, DType::kF32, tile_n), 8}}) {
+      c.args.num_sms = c.sms;
+      SCOPED_TRACE(::testing::Message() << c.args.m << "x" << c.args.n << "x" << c.args.k << " on "
+                                        << c.sms << " blocks");
+      SplitWorkspace ws(c.args);
+      for (int rep = 0; rep < 2; ++rep) run_and_check(c.args);
+    }
+  }
+}
+
+// The engine's pick of the tile width (tile_n 0): a narrower tile where its waves are shorter by
+// the rule's margin (the slim one never for a few rows); the pick's launch is correct, sized and
+// split as the pick says; any other width is refused.
 TEST(Sm90Gemm, PickTileN) {
   // 132 SMs: 96 tiles of 256 (one wave 73% full) against 129 of 192 (98%): narrow.
   EXPECT_EQ(gemm_pick_tile_n(384, 8192, 8192, 132), kTileNNarrow);
   EXPECT_EQ(gemm_pick_tile_n(896, 8192, 8192, 132), kTileNNarrow);   // 2 waves -> 2 + a split third
   EXPECT_EQ(gemm_pick_tile_n(1536, 6144, 8192, 132), kTileNNarrow);  // 2 + a split third -> 3
-  EXPECT_EQ(gemm_pick_tile_n(128, 4096, 8192, 132),
-            kTileNNarrow);  // both split; 22 tiles of 4 parts
+  // 64 tiles of 256 split in 2 parts, against 128 of 128 in one wave: slim.
+  EXPECT_EQ(gemm_pick_tile_n(256, 8192, 8192, 132), kTileNSlim);
+  EXPECT_EQ(gemm_pick_tile_n(1024, 2048, 8192, 132), kTileNSlim);  // 64 tiles -> 128
+  EXPECT_EQ(gemm_pick_tile_n(128, 4096, 8192, 132), kTileNSlim);   // 16 tiles of 4 parts -> 32
   for (auto [m, n, k] : {std::tuple{8192, 8192, 8192},
                          {8192, 3584, 8192},
                          {8192, 8192, 3584},
@@ -709,12 +746,13 @@ TEST(Sm90Gemm, PickTileN) {
   }
   // A few rows (M <= 64) take the narrow tile only at a wider margin: at 0.75 (5 tiles -> 7, or
   // 16 -> 22, all in 4 parts), not at 0.93 (32 tiles in 4 parts -> 43 in 3).
-  for (int64_t m : {1, 32, 64, 65}) {
+  // Never the slim one.
+  for (int64_t m : {1, 32, 64}) {
     EXPECT_EQ(gemm_pick_tile_n(m, 1280, 8192, 132), kTileNNarrow) << m;
     EXPECT_EQ(gemm_pick_tile_n(m, 4096, 8192, 132), kTileNNarrow) << m;
   }
   for (int64_t m : {1, 16, 64}) EXPECT_EQ(gemm_pick_tile_n(m, 8192, 8192, 132), kTileN) << m;
-  EXPECT_EQ(gemm_pick_tile_n(128, 8192, 8192, 132), kTileNNarrow);  // the same 0.93, M > 64
+  for (int64_t m : {65, 128}) EXPECT_EQ(gemm_pick_tile_n(m, 8192, 8192, 132), kTileNSlim) << m;
 
   // A launch that leaves the pick to the engine: 3 x 43 = 129 tiles on 132 blocks.
   int sms = 0;
@@ -729,7 +767,15 @@ TEST(Sm90Gemm, PickTileN) {
     SplitWorkspace ws(a);
     run_and_check(a);
   }
-  a.tile_n = 128;
+  GemmArgs slim = shape(256, 4096, 2048);  // 32 tiles of 256 in 2 parts -> 64 of 128 in 2
+  slim.tile_n = 0;
+  slim.num_sms = a.num_sms;
+  if (a.num_sms == 132) EXPECT_EQ(gemm_work(slim).tile_n, kTileNSlim);
+  {
+    SplitWorkspace ws(slim);
+    run_and_check(slim);
+  }
+  a.tile_n = 64;
   EXPECT_THROW(gemm_work(a), Error);
 }
 

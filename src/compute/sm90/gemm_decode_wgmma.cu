@@ -37,6 +37,7 @@
 #include "instances.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
+#include "tilelink/compute/sm90/impl/operand_map.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90::detail {
@@ -267,25 +268,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 #endif
 }
 
-// A K-major operand [rows, k] (row stride ld elements) for TMA: boxes of kBlockK x box_rows in the
-// 128-byte swizzle, zero-filled out of bounds. promote: the L2 fetch size of a miss.
-template <class In>
-void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int64_t ld,
-                        int box_rows, CUtensorMapL2promotion promote, const char* what) {
-  const CUtensorMapDataType type = std::is_same_v<In, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                              : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {kBlockK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
-      map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promote,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TL_REQUIRE(r == CUDA_SUCCESS, "sm90 gemm: cuTensorMapEncodeTiled for "
-                                    << what << " failed (CUresult " << static_cast<int>(r) << ")");
-}
-
 // How the wgmma form spreads a launch: tiles of kRowsW rows of B, each taken by a cluster of
 // `parts` blocks that split K.
 struct WgmmaGrid {
@@ -338,10 +320,10 @@ void launch_wgmma(const GemmArgs& args, cudaStream_t stream) {
   using L = WgmmaLayout<kCols>;
   WgmmaParams<Out> p{};
   const int64_t lda = args.lda ? args.lda : args.k, ldb = args.ldb ? args.ldb : args.k;
-  encode_operand_map<In>(&p.b_map, args.b, args.n, args.k, ldb, kRowsW,
+  encode_operand_map<In>(&p.b_map, args.b, args.n, args.k, ldb, kBlockK, kRowsW,
                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, "B");
   p.a_rows = static_cast<int>((args.m + 7) / 8 * 8);
-  encode_operand_map<In>(&p.a_map, args.a, args.m, args.k, lda, p.a_rows,
+  encode_operand_map<In>(&p.a_map, args.a, args.m, args.k, lda, kBlockK, p.a_rows,
                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A");
   p.c = static_cast<Out*>(args.c);
   p.m = static_cast<int>(args.m), p.n = static_cast<int>(args.n), p.k = static_cast<int>(args.k);

@@ -105,11 +105,12 @@ TL_HD inline bool gemm_decode_shape(int64_t m, int64_t n, int64_t k) {
 }
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
-// launch may instead take tiles kTileNNarrow wide (GemmArgs::tile_n, gemm_pick_tile_n), where they
-// fill the SMs' waves better; the fused ops name kTileN.
+// launch may instead take tiles kTileNNarrow or kTileNSlim wide (GemmArgs::tile_n,
+// gemm_pick_tile_n), where they fill the SMs' waves better; the fused ops name kTileN.
 inline constexpr int kTileM = 128;
 inline constexpr int kTileN = 256;
 inline constexpr int kTileNNarrow = 192;
+inline constexpr int kTileNSlim = 128;
 inline constexpr int kTileK = 64;
 
 // Where the engine reports, before it traps, that the split last wave (see above) cannot go on:
@@ -136,7 +137,8 @@ struct GemmArgs {
   int start_m = 0;  // TileOrder: first tile row visited
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
   int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
-  // Width of the output tiles: kTileN or kTileNNarrow; 0: the engine picks (gemm_pick_tile_n). The
+  // Width of the output tiles: kTileN, kTileNNarrow or kTileNSlim; 0: the engine picks
+  // (gemm_pick_tile_n). The
   // hooks see tiles of gemm_tile_grid(args); an op that maps signals onto tiles names its width.
   int tile_n = 0;
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
@@ -210,17 +212,21 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 }
 
 // The tile width the engine picks for an M x N x K launch on `blocks` SMs: the one whose waves take
-// less time, counting each wave as its tiles' width (a tile's time is proportional to its width)
-// and a split last wave (gemm_split) as 1 / parts of a wave plus kSplitWaveCost; kTileNNarrow only
-// where that is under kNarrowTileGain of kTileN's (a margin for the narrow tiles' lower efficiency:
-// set from a few shapes, then checked on a grid of 59, where it lost 0.3% on average against the
-// better width of each shape and 128x256 everywhere lost 4%; bench/notes/gemm.md, session 16);
-// under kNarrowTileGainFewRows for M <= kSplitFewRows (decode sizes: on 74 shapes of M 1-64 the
-// narrow tile won where its cost was 0.75 of the wide one's, 0.97-1.29x, and lost up to 7% at
-// 0.93).
+// the least time, counting each wave as its tiles' width (a tile's time is proportional to its
+// width) and a split last wave (gemm_split) as 1 / parts of a wave plus kSplitWaveCost, each width
+// divided by a margin for its lower efficiency (kTileN 1):
+// - kTileNNarrow: kNarrowTileGain (set from a few shapes, then checked on a grid of 59, where it
+//   lost 0.3% on average against the better width of each shape and 128x256 everywhere lost 4%;
+//   bench/notes/gemm.md, session 16), kNarrowTileGainFewRows for M <= kSplitFewRows (decode sizes:
+//   on 74 shapes of M 1-64 the narrow tile won where its cost was 0.75 of the wide one's,
+//   0.97-1.29x, and lost up to 7% at 0.93).
+// - kTileNSlim: kSlimTileGain, and only for M > kSplitFewRows. Its tiles run at 0.90-0.97 of
+//   kTileN's speed on full waves; on 77 shapes of M 136-1536 the rule ran each at a mean 0.998 of
+//   its fastest width (min 0.95) where the two-width rule ran at 0.972 (min 0.79) (session 20).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
 inline constexpr double kNarrowTileGainFewRows = 0.9;
+inline constexpr double kSlimTileGain = 0.91;
 TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
   const int64_t tiles = gemm_tile_grid(m, n, tile_n).num_tiles();
   const GemmSplit split = gemm_split(tiles, blocks, k, gemm_tile_rows(m));
@@ -231,10 +237,13 @@ TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, 
 }
 TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
   const double margin = m <= kSplitFewRows ? kNarrowTileGainFewRows : kNarrowTileGain;
-  return gemm_wave_cost(m, n, k, blocks, kTileNNarrow) <
-                 margin * gemm_wave_cost(m, n, k, blocks, kTileN)
-             ? kTileNNarrow
-             : kTileN;
+  const double wide = gemm_wave_cost(m, n, k, blocks, kTileN);
+  const double narrow = gemm_wave_cost(m, n, k, blocks, kTileNNarrow) / margin;
+  const double best = narrow < wide ? narrow : wide;
+  if (m > kSplitFewRows && gemm_wave_cost(m, n, k, blocks, kTileNSlim) / kSlimTileGain < best) {
+    return kTileNSlim;
+  }
+  return narrow < wide ? kTileNNarrow : kTileN;
 }
 
 // How a launch with these arguments spreads its work: the tile width (args.tile_n, or the pick),

@@ -15,26 +15,26 @@
 #error "the sm90 GEMM engine needs the CuTe/CUTLASS headers (scripts/setup.sh)"
 #endif
 
-#include <cstring>
-#include <type_traits>
-
-#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
-#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/cutlass.h>
+
+#include <cstring>
+#include <cuda/atomic>
+#include <cute/tensor.hpp>
+#include <cutlass/cuda_host_adapter.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
+#include <type_traits>
 
 #include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
+#include "tilelink/compute/sm90/impl/operand_map.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90 {
@@ -147,6 +147,10 @@ struct KernelParams : AltSource<Cfg, kAltA> {
   bool staged_store = false;  // kStore with 16-byte aligned C rows: the shared-memory staged path
   bool tma_store = false;     // ... and C local, 16-bit: the TMA store path (c_map)
   CUtensorMap c_map;  // C, boxes of 64 columns x 128 rows, 128-byte swizzle (tma_store only)
+  // A's last tile row where it is ragged: boxes of a_short_rows rows (its rows rounded up to 8;
+  // 0: no such row, every tile loads CUTLASS's 128-row box). See load_short_a.
+  CUtensorMap a_short_map;
+  int a_short_rows = 0;
   TileOrder order;
   // The split last wave (gemm.hpp): order.at(i) for i >= order.count() - split.tiles is computed
   // in split.parts parts of K (work_unit).
@@ -288,6 +292,49 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
   return true;
 }
 
+// The load warp's k-loop for a tile of A's last tile row where it is ragged (M % kTileM rows): as
+// CUTLASS's load() (B through its TMA atom), but A through p.a_short_map, whose box holds only the
+// row's rows (rounded up to 8), then a complete_tx of the bytes the 128-row box would have added to
+// the stage's barrier. A 128-row box there made the TMA zero-fill the rows past M in every stage,
+// which cost up to 10% of a launch with two tile rows (192x8192x8192; bench/notes/gemm.md, session
+// 20). The stage's rows past the box keep what an earlier stage left there: they meet only
+// accumulator rows past M, which nothing stores or adds. The whole warp calls it; one lane loads.
+template <class Cfg, class P, class Inputs>
+TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
+                            typename Cfg::PipelineState write_state, const Inputs& load_inputs,
+                            TileCoord tile, int k_begin, int k_count,
+                            typename Cfg::Mainloop::TensorStorage& tensors) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  constexpr int kStageElems = kTileM * kTileK;
+  static_assert(cosize_v<typename Mainloop::SmemLayoutA> % kStageElems == 0,
+                "A's stages are 128 x 64 elements each, one after another");
+  if (!cute::elect_one_sync()) return;
+  auto block_tma_b = p.mainloop.tma_load_b.get_slice(0);
+  Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+  Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile.n, _, 0));  // (TMA,N,K,k)
+  Tensor tBsB = block_tma_b.partition_D(sB);                                       // (TMA,N,K,PIPE)
+  const uint32_t missing = static_cast<uint32_t>((kTileM - p.a_short_rows) * kTileK * 2);
+  for (int kb = k_begin; kb < k_begin + k_count; ++kb, ++write_state) {
+    pipeline.producer_acquire(write_state);  // waits for the stage; expects the 128-row box's bytes
+    uint64_t* bar = pipeline.producer_get_barrier(write_state);
+    const int stage = write_state.index();
+    const uint32_t a_smem = static_cast<uint32_t>(
+        __cvta_generic_to_shared(tensors.smem_A.data() + stage * kStageElems));
+    const uint32_t bar_smem = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+        "[%1, {%2, %3}], [%4];" ::"r"(a_smem),
+        "l"(reinterpret_cast<uint64_t>(&p.a_short_map)), "r"(kb * kTileK), "r"(tile.m * kTileM),
+        "r"(bar_smem)
+        : "memory");
+    copy(p.mainloop.tma_load_b.with(*bar, uint16_t{0}), tBgB(_, _, _, kb), tBsB(_, _, _, stage));
+    asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar_smem),
+                 "r"(missing)
+                 : "memory");
+  }
+}
+
 // Timeline marks, for bench/diag/gemm_timeline.cu only: a translation unit that defines
 // TL_GEMM_TIMELINE (and the tl_gemm_timeline_* functions) before including this header gets per-block
 // clock stamps at the points below; everywhere else the marks compile to nothing.
@@ -417,7 +464,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
                           cutlass::canonical_lane_idx(), 0u, shared.tensors);
           }
         }
-        if (!from_alt) {
+        if (!from_alt && p.a_short_rows != 0 && tile.m == grid.tiles_m() - 1) {
+          load_short_a<Cfg>(p, pipeline, write_state, load_inputs, tile, unit.k_begin, unit.k_count,
+                            shared.tensors);
+        } else if (!from_alt) {
           mainloop.load(p.mainloop, pipeline, write_state, load_inputs,
                         make_coord(tile.m, tile.n, _, 0), k_tile_iter, unit.k_count,
                         cutlass::canonical_lane_idx(), 0u, shared.tensors);
@@ -689,6 +739,14 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   p.mode = args.epilogue;
   p.staged_store = args.epilogue == EpilogueMode::kStore && reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
                    (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
+  if (const int64_t rows = args.m % kTileM; rows != 0 && (rows + 7) / 8 * 8 < kTileM) {
+    p.a_short_rows = static_cast<int>((rows + 7) / 8 * 8);
+    encode_operand_map<ElementIn>(&p.a_short_map, args.a, args.m, args.k, lda, kTileK,
+                                  p.a_short_rows,
+                                  gemm_wide_l2_fetch(args.m) ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                                             : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                  "A's last tile row");
+  }
   if constexpr (Cfg::kTmaStore) {
     p.tma_store = p.staged_store && is_local_device_memory(args.c);
     if (p.tma_store) encode_c_tensor_map<ElementOut>(&p.c_map, args.c, args.m, args.n, p.ldc);
@@ -752,6 +810,8 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   auto launch = [&]<bool kTmaStore>() {
     if (work.tile_n == kTileNNarrow) {
       launch_config.template operator()<kTmaStore, kTileNNarrow>();
+    } else if (work.tile_n == kTileNSlim) {
+      launch_config.template operator()<kTmaStore, kTileNSlim>();
     } else {
       launch_config.template operator()<kTmaStore, kTileN>();
     }
