@@ -684,8 +684,9 @@ TEST(Sm90Gemm, NarrowTiles) {
 }
 
 // A ragged last tile row (M % 128 != 0) loads A in a box of its own rows (rounded up to 8), the
-// stage's other rows left as an earlier stage wrote them (load_short_a): every remainder class
-// (1, 7, 8, 9, 64, 65, 120, 121, 127 rows) with one tile row and several, each tile width, split
+// stage's other rows left as an earlier stage wrote them (load_short_a), where the 128-row boxes
+// would zero-fill more than an eighth of the rows: every remainder class (1, 7, 8, 9, 64, 65, 120,
+// 121, 127 rows) with one tile row and several (both sides of that rule), each tile width, split
 // last waves of 2 to 4 parts, several tiles a block (the TMA store), kReduceAdd and the other
 // dtype pairs. Small K first, so the ring wraps with stale rows in every stage.
 TEST(Sm90Gemm, RaggedLastTileRow) {

@@ -148,7 +148,7 @@ struct KernelParams : AltSource<Cfg, kAltA> {
   bool tma_store = false;     // ... and C local, 16-bit: the TMA store path (c_map)
   CUtensorMap c_map;  // C, boxes of 64 columns x 128 rows, 128-byte swizzle (tma_store only)
   // A's last tile row where it is ragged: boxes of a_short_rows rows (its rows rounded up to 8;
-  // 0: no such row, every tile loads CUTLASS's 128-row box). See load_short_a.
+  // 0: every tile loads CUTLASS's 128-row box). See load_short_a and launch_gemm_config.
   CUtensorMap a_short_map;
   int a_short_rows = 0;
   TileOrder order;
@@ -291,6 +291,8 @@ TL_DEVICE bool meet_split_parts(const P& p, const WorkUnit& unit, Accum& accum, 
   add_partials(other, other + 1 < parts ? other + 1 : -1);  // + the other pair (or p2 alone)
   return true;
 }
+
+inline constexpr int64_t kShortBoxMinFill = 8;  // see launch_gemm_config
 
 // The load warp's k-loop for a tile of A's last tile row where it is ragged (M % kTileM rows): as
 // CUTLASS's load() (B through its TMA atom), but A through p.a_short_map, whose box holds only the
@@ -739,7 +741,12 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   p.mode = args.epilogue;
   p.staged_store = args.epilogue == EpilogueMode::kStore && reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
                    (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
-  if (const int64_t rows = args.m % kTileM; rows != 0 && (rows + 7) / 8 * 8 < kTileM) {
+  // The short box where the 128-row boxes would zero-fill more than an eighth of the rows they
+  // load (kShortBoxMinFill): 136x8192x8192 0.63 -> 0.83 of cuBLAS, 192-320 rows +0-8%, but
+  // 448 and 704 rows (64 ragged, an eighth or less) ~1% slower (bench/notes/gemm.md, session 20).
+  const int64_t padded = ceil_div(args.m, int64_t{kTileM}) * kTileM;
+  if (const int64_t rows = args.m % kTileM;
+      rows != 0 && kShortBoxMinFill * (padded - args.m) > padded) {
     p.a_short_rows = static_cast<int>((rows + 7) / 8 * 8);
     encode_operand_map<ElementIn>(&p.a_short_map, args.a, args.m, args.k, lda, kTileK,
                                   p.a_short_rows,
