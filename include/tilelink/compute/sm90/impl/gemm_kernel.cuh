@@ -15,21 +15,22 @@
 #error "the sm90 GEMM engine needs the CuTe/CUTLASS headers (scripts/setup.sh)"
 #endif
 
+#include <cstring>
+#include <type_traits>
+
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
-#include <cutlass/cutlass.h>
-
-#include <cstring>
-#include <cuda/atomic>
-#include <cute/tensor.hpp>
 #include <cutlass/cuda_host_adapter.hpp>
+#include <cutlass/cutlass.h>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
-#include <type_traits>
 
 #include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
