@@ -36,7 +36,7 @@
 // after 20 untimed ones, median of 5 such batches: what an eager (not graph-captured) caller pays
 // on the CPU for each GEMM.
 // --tile-n N: every launch (engine and hooks) with N-wide tiles (GemmArgs::tile_n); 0, the default:
-// the engine's pick (gemm_pick_tile_n), listed after the table where it is the narrow one.
+// the engine's pick (gemm_pick_tile_n), listed after the table where it is narrower than 256.
 // --kernel auto|tile|decode: the engine column's kernel (GemmArgs::kernel). auto, the default,
 // runs the decode kernel where gemm_takes_decode says so (gemm_decode_shape, M <= 128; with
 // --tile-n 0 and --num-sms 0); those shapes are listed after the table, and their hooks columns
@@ -244,7 +244,7 @@ int bench_gemm(Args& args) {
 
   std::vector<double> ratios, overheads, overheads_us, aa_abs, ag_overheads, rs_overheads,
       sustained_ratios;
-  std::string narrow_shapes;  // shapes that took kTileNNarrow tiles
+  std::string narrow_shapes;  // shapes whose tiles are narrower than kTileN, and the width
   std::string decode_shapes;  // shapes whose engine column is the decode kernel
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
