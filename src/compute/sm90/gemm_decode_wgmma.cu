@@ -85,19 +85,6 @@ struct WgmmaParams {
   bool reduce;
 };
 
-// A TMA load of the box at (c0, c1) into `dst`, completing on `bar`, with an L2 eviction policy
-// (createpolicy).
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
-                                         uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::"
-      "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-      "l"(map), "r"(c0), "r"(c1), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-      "l"(policy)
-      : "memory");
-}
-
 // The wgmma descriptor of an operand tile in shared memory: K-major rows of 128 bytes in the
 // 128-byte swizzle, 8-row groups 1024 bytes apart. `addr` moves by 32 bytes a k16 step inside
 // the swizzle atom (the hardware swizzles the address it forms).

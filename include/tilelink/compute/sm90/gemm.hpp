@@ -138,8 +138,8 @@ struct GemmArgs {
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
   int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
   // Width of the output tiles: kTileN, kTileNNarrow or kTileNSlim; 0: the engine picks
-  // (gemm_pick_tile_n). The
-  // hooks see tiles of gemm_tile_grid(args); an op that maps signals onto tiles names its width.
+  // (gemm_pick_tile_n). The hooks see tiles of gemm_tile_grid(args); an op that maps signals onto
+  // tiles names its width.
   int tile_n = 0;
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
   // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band

@@ -322,17 +322,11 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
     pipeline.producer_acquire(write_state);  // waits for the stage; expects the 128-row box's bytes
     uint64_t* bar = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
-    const uint32_t a_smem = static_cast<uint32_t>(
-        __cvta_generic_to_shared(tensors.smem_A.data() + stage * kStageElems));
-    const uint32_t bar_smem = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
-        "[%1, {%2, %3}], [%4];" ::"r"(a_smem),
-        "l"(reinterpret_cast<uint64_t>(&p.a_short_map)), "r"(kb * kTileK), "r"(tile.m * kTileM),
-        "r"(bar_smem)
-        : "memory");
+    tma_load(tensors.smem_A.data() + stage * kStageElems, &p.a_short_map, kb * kTileK,
+             tile.m * kTileM, bar);
     copy(p.mainloop.tma_load_b.with(*bar, uint16_t{0}), tBgB(_, _, _, kb), tBsB(_, _, _, stage));
-    asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar_smem),
+    asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(
+                     static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
                  "r"(missing)
                  : "memory");
   }

@@ -1,5 +1,6 @@
-// TMA tensor maps of a K-major GEMM operand, encoded by us (not by CUTLASS): the decode kernel's A
-// and B, and the engine's A for a ragged last tile row (gemm_kernel.cuh).
+// TMA tensor maps of a K-major GEMM operand, encoded by us (not by CUTLASS), and the load of one
+// box: the decode kernel's A and B, and the engine's A for a ragged last tile row
+// (gemm_kernel.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -34,5 +35,29 @@ void encode_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_
   TL_REQUIRE(r == CUDA_SUCCESS, "sm90 gemm: cuTensorMapEncodeTiled for "
                                     << what << " failed (CUresult " << static_cast<int>(r) << ")");
 }
+
+#if defined(__CUDACC__)
+// A TMA load of the box at (c0, c1) of `map` into shared memory at `dst`, completing on the
+// mbarrier `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3}], [%4];" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(map), "r"(c0), "r"(c1), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+      : "memory");
+}
+// The same with an L2 eviction policy (createpolicy).
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                         uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::"
+      "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+      "l"(map), "r"(c0), "r"(c1), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+      "l"(policy)
+      : "memory");
+}
+#endif
 
 }  // namespace tilelink::compute::sm90::detail
