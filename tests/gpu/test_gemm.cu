@@ -566,7 +566,8 @@ TEST(Sm90GemmDecode, Deterministic) {
 }
 
 // kAuto takes the decode kernel where gemm_decode_shape says so (M <= 32 at any N; M 33-64 up to
-// N = kDecodeWideMaxN; M 65-128 where N <= kDecodeTallMaxN or N * K <= kDecodeTallMaxNK), with
+// N = kDecodeWideMaxN; M 65-128 where N <= kDecodeTallMaxN, or N <= kDecodeTallNKMaxN and N * K <=
+// kDecodeTallMaxNK), with
 // every SM and no named width; the tile engine otherwise. Both give the product.
 TEST(Sm90GemmDecode, AutoPicksByShape) {
   EXPECT_TRUE(gemm_decode_shape(1, 28672, 8192));
@@ -577,7 +578,9 @@ TEST(Sm90GemmDecode, AutoPicksByShape) {
   EXPECT_TRUE(gemm_decode_shape(kDecodeWideMaxRows + 1, kDecodeTallMaxN, 28672));
   EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 8192, 8192));  // N * K = kDecodeTallMaxNK
   EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows, 8192, 8200));
-  EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, 14336, 1024));
+  EXPECT_TRUE(gemm_decode_shape(kDecodeMaxRows, kDecodeTallNKMaxN, 4096));
+  EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows, kDecodeTallNKMaxN + 8, 1024));
+  EXPECT_FALSE(gemm_decode_shape(kDecodeWideMaxRows + 1, 20480, 2048));  // N * K < 2^26
   EXPECT_FALSE(gemm_decode_shape(kDecodeMaxRows + 1, 1280, 1024));
   EXPECT_FALSE(gemm_decode_shape(0, 1280, 1024));
 

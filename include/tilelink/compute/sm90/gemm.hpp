@@ -89,19 +89,21 @@ enum class GemmKernel : uint8_t { kAuto, kTileEngine, kDecode };
 inline constexpr int64_t kDecodeMaxRows = 128;  // kDecode: M up to here
 
 // kAuto's choice of the decode kernel by shape (measured against the engine, bench/notes/gemm.md,
-// sessions 17-19): M <= 32 at any N; M 33-64 up to N = 16384 (above, its blocks of 64 rows of B
+// sessions 17-21): M <= 32 at any N; M 33-64 up to N = 16384 (above, its blocks of 64 rows of B
 // no longer fit one wave); M 65-128 where N <= 2048 (the engine's few tiles leave most SMs idle:
-// 1.3-2x there) or N * K <= 2^26 (above, the engine was up to 10% faster).
+// 1.3-2x there), or N <= 12288 and N * K <= 2^26 (above 2^26 the engine was up to 10% faster; from
+// N = 14336 it was as fast or faster at nearly every K, by 25-30% at N = 20480).
 inline constexpr int64_t kDecodeAutoMaxRows = 32;
 inline constexpr int64_t kDecodeWideMaxRows = 64;
 inline constexpr int64_t kDecodeWideMaxN = 16384;
 inline constexpr int64_t kDecodeTallMaxN = 2048;
 inline constexpr int64_t kDecodeTallMaxNK = int64_t{1} << 26;
+inline constexpr int64_t kDecodeTallNKMaxN = 12288;
 TL_HD inline bool gemm_decode_shape(int64_t m, int64_t n, int64_t k) {
   if (m < 1 || m > kDecodeMaxRows) return false;
   if (m <= kDecodeAutoMaxRows) return true;
   if (m <= kDecodeWideMaxRows) return n <= kDecodeWideMaxN;
-  return n <= kDecodeTallMaxN || n * k <= kDecodeTallMaxNK;
+  return n <= kDecodeTallMaxN || (n <= kDecodeTallNKMaxN && n * k <= kDecodeTallMaxNK);
 }
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A

@@ -54,7 +54,7 @@ namespace detail {
 // outputs only): the consumers write a tile into shared memory and the store warp copies it to C
 // with TMA, so the next tile's MMAs run while the SM's write path drains it; the 64 KiB tile leaves
 // room for 3 stages. Without it: stores from registers through per-warp staging buffers, 4 stages.
-// kTileN_: the tile's width, kTileN or kTileNNarrow (gemm.hpp).
+// kTileN_: the tile's width, kTileN, kTileNNarrow or kTileNSlim (gemm.hpp).
 template <class ElementIn_, class ElementOut_, bool kTmaStore_, int kTileN_ = kTileN>
 struct GemmConfig {
   using ElementIn = ElementIn_;    // cutlass::bfloat16_t or cutlass::half_t
@@ -736,12 +736,15 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   p.mode = args.epilogue;
   p.staged_store = args.epilogue == EpilogueMode::kStore && reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
                    (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
-  // The short box where the 128-row boxes would zero-fill more than an eighth of the rows they
-  // load (kShortBoxMinFill): 136x8192x8192 0.63 -> 0.83 of cuBLAS, 192-320 rows +0-8%, but
-  // 448 and 704 rows (64 ragged, an eighth or less) ~1% slower (bench/notes/gemm.md, session 20).
+  // The short box: always in the 128-wide tile, and in the wider ones where the 128-row boxes
+  // would zero-fill more than an eighth of the rows they load (kShortBoxMinFill). A 128-wide tile
+  // whose box is half zero-filled runs up to ~1.8x as long: its launches gained 5-38% at ragged M
+  // of 448-1088 rows. In the 192- and 256-wide tiles the short box gains at 136-320 rows
+  // (136x8192x8192 0.63 -> 0.83 of cuBLAS), but costs ~1% where an eighth or less of the rows is
+  // zero-filled (448, 576, 704 rows; bench/notes/gemm.md, sessions 20-21).
   const int64_t padded = ceil_div(args.m, int64_t{kTileM}) * kTileM;
   if (const int64_t rows = args.m % kTileM;
-      rows != 0 && kShortBoxMinFill * (padded - args.m) > padded) {
+      rows != 0 && (Cfg::kTileN == kTileNSlim || kShortBoxMinFill * (padded - args.m) > padded)) {
     p.a_short_rows = static_cast<int>((rows + 7) / 8 * 8);
     encode_operand_map<ElementIn>(&p.a_short_map, args.a, args.m, args.k, lda, kTileK,
                                   p.a_short_rows,
