@@ -567,8 +567,8 @@ TEST(Sm90GemmDecode, Deterministic) {
 
 // kAuto takes the decode kernel where gemm_decode_shape says so (M <= 32 at any N; M 33-64 up to
 // N = kDecodeWideMaxN; M 65-128 where N <= kDecodeTallMaxN, or N <= kDecodeTallNKMaxN and N * K <=
-// kDecodeTallMaxNK), with
-// every SM and no named width; the tile engine otherwise. Both give the product.
+// kDecodeTallMaxNK), with every SM and no named width; the tile engine otherwise. Both give the
+// product.
 TEST(Sm90GemmDecode, AutoPicksByShape) {
   EXPECT_TRUE(gemm_decode_shape(1, 28672, 8192));
   EXPECT_TRUE(gemm_decode_shape(kDecodeAutoMaxRows, 28672, 28672));
