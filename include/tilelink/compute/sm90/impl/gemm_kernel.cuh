@@ -317,7 +317,8 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
   Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
   Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile.n, _, 0));  // (TMA,N,K,k)
   Tensor tBsB = block_tma_b.partition_D(sB);                                       // (TMA,N,K,PIPE)
-  const uint32_t missing = static_cast<uint32_t>((kTileM - p.a_short_rows) * kTileK * 2);
+  const uint32_t missing =
+      static_cast<uint32_t>((kTileM - p.a_short_rows) * kTileK * sizeof(typename Cfg::ElementIn));
   for (int kb = k_begin; kb < k_begin + k_count; ++kb, ++write_state) {
     pipeline.producer_acquire(write_state);  // waits for the stage; expects the 128-row box's bytes
     uint64_t* bar = pipeline.producer_get_barrier(write_state);
