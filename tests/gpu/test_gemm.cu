@@ -686,6 +686,57 @@ TEST(Sm90Gemm, NarrowTiles) {
   }
 }
 
+// 160-wide tiles (GemmArgs::tile_n = kTileNLean): a width that is not a multiple of the epilogue's
+// 64-column chunks, so the staged store ends in a 32-column chunk and the TMA store in a tail box
+// of its own (the last tile of N = 1112 holds 24 of its 32 columns, of N = 1000 none). Aligned and
+// ragged shapes, every dtype pair, strided and unaligned C, kReduceAdd, the TMA-store configuration
+// and split last waves of 2 to 4 parts.
+TEST(Sm90Gemm, LeanTiles) {
+  auto lean = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                 DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNLean); };
+  for (auto [m, n, k] : {std::tuple{128, 160, 64}, {1000, 1000, 1032}, {2048, 2240, 1024}}) {
+    run_and_check(lean(m, n, k));
+  }
+  for (int64_t m : {1, 17, 64, 65, 1000}) {
+    for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(lean(m, n, k));
+  }
+  for (auto [in, out] : {std::pair{DType::kBF16, DType::kF32},
+                         {DType::kF16, DType::kF16},
+                         {DType::kF16, DType::kF32}}) {
+    run_and_check(lean(1000, 1112, 1032, in, out));
+  }
+  GemmArgs strided = lean(300, 264, 200);
+  strided.lda = 208, strided.ldb = 216, strided.ldc = 280;
+  run_and_check(strided);
+  strided.ldc = 276;  // rows not 16-byte aligned: the pair-store epilogue
+  run_and_check(strided);
+  run_and_check(lean(1000, 1112, 1032), true);
+  run_and_check(lean(17, 264, 72, DType::kF16, DType::kF32), true);
+  struct Case {
+    GemmArgs args;
+    int sms;
+    bool tma_store, split;
+  };
+  for (Case c : {Case{lean(1000, 1112, 520), 7, true, false},   // 56 tiles: 8 a block
+                 Case{lean(1000, 1000, 520), 7, true, false},   // the last tile column holds 40
+                 Case{lean(1000, 1112, 1000), 24, true, true},  // 8 of 56 split in 2
+                 Case{lean(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
+                 Case{lean(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
+                 Case{lean(1000, 1112, 1000, DType::kF16, DType::kF32), 24, false, true}}) {
+    c.args.num_sms = c.sms;
+    SCOPED_TRACE(::testing::Message()
+                 << c.args.m << "x" << c.args.n << "x" << c.args.k << " on " << c.sms << " blocks");
+    std::optional<SplitWorkspace> ws;
+    if (c.split) ws.emplace(c.args);
+    const GemmWork w = gemm_work(c.args);
+    EXPECT_EQ(w.tile_n, kTileNLean);
+    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, kTileNLean).num_tiles());
+    EXPECT_EQ(gemm_tma_store_config(c.args.out_type, w.tiles, w.blocks), c.tma_store);
+    EXPECT_EQ(w.split.tiles > 0, c.split);
+    for (int rep = 0; rep < 2; ++rep) run_and_check(c.args);
+  }
+}
+
 // A ragged last tile row (M % 128 != 0) loads A in a box of its own rows (rounded up to 8), the
 // stage's other rows left as an earlier stage wrote them (load_short_a), where the 128-row boxes
 // would zero-fill more than an eighth of the rows: every remainder class (1, 7, 8, 9, 64, 65, 120,
@@ -693,7 +744,7 @@ TEST(Sm90Gemm, NarrowTiles) {
 // last waves of 2 to 4 parts, several tiles a block (the TMA store), kReduceAdd and the other
 // dtype pairs. Small K first, so the ring wraps with stale rows in every stage.
 TEST(Sm90Gemm, RaggedLastTileRow) {
-  for (int tile_n : {kTileN, kTileNNarrow, kTileNSlim}) {
+  for (int tile_n : {kTileN, kTileNNarrow, kTileNLean, kTileNSlim}) {
     SCOPED_TRACE(::testing::Message() << "tile_n " << tile_n);
     for (int64_t rows : {1, 7, 8, 9, 64, 65, 120, 121, 127}) {
       for (int64_t m : {rows, 128 + rows, 384 + rows})
@@ -734,6 +785,8 @@ TEST(Sm90Gemm, PickTileN) {
   EXPECT_EQ(gemm_pick_tile_n(256, 8192, 8192, 132), kTileNSlim);
   EXPECT_EQ(gemm_pick_tile_n(1024, 2048, 8192, 132), kTileNSlim);  // 64 tiles -> 128
   EXPECT_EQ(gemm_pick_tile_n(128, 4096, 8192, 132), kTileNSlim);   // 16 tiles of 4 parts -> 32
+  // 80 tiles of 256, 110 of 192, 132 + 28 split of 128, against 130 of 160 in one wave: lean.
+  EXPECT_EQ(gemm_pick_tile_n(576, 4096, 8192, 132), kTileNLean);
   for (auto [m, n, k] : {std::tuple{8192, 8192, 8192},
                          {8192, 3584, 8192},
                          {8192, 8192, 3584},
@@ -779,8 +832,18 @@ TEST(Sm90Gemm, PickTileN) {
     SplitWorkspace ws(slim);
     run_and_check(slim);
   }
-  a.tile_n = 64;
-  EXPECT_THROW(gemm_work(a), Error);
+  GemmArgs lean = shape(576, 4096, 1024);  // 130 tiles of 160 in one wave
+  lean.tile_n = 0;
+  lean.num_sms = a.num_sms;
+  if (a.num_sms == 132) EXPECT_EQ(gemm_work(lean).tile_n, kTileNLean);
+  {
+    SplitWorkspace ws(lean);
+    run_and_check(lean);
+  }
+  for (int bad : {64, 96, 224}) {
+    a.tile_n = bad;
+    EXPECT_THROW(gemm_work(a), Error) << bad;
+  }
 }
 
 // ---- hooks -------------------------------------------------------------------------------------

@@ -208,7 +208,7 @@ int bench_gemm(Args& args) {
       "# device: %s, %d SMs, L2 %d MB; engine tile %dx%sx%d, num_sms %d; %s -> %s; reps %d, warmup "
       "%d%s%s%s\n",
       prop.name, sms, l2 >> 20, sm90::kTileM,
-      tile_n ? std::to_string(tile_n).c_str() : "(256|192|128: gemm_pick_tile_n)", sm90::kTileK,
+      tile_n ? std::to_string(tile_n).c_str() : "(256|192|160|128: gemm_pick_tile_n)", sm90::kTileK,
       num_sms ? num_sms : sms, std::string(dtype_name(in)).c_str(),
       std::string(dtype_name(out)).c_str(), reps, warmup,
       hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "",
@@ -565,7 +565,7 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|128] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|160|128] "
      "[--kernel auto|tile|decode] [--no-verify] [--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",

@@ -70,10 +70,10 @@ int resolved_sms(const GemmArgs& args, const DeviceInfo& d = current_device()) {
 // The tile width: args.tile_n, or the pick for the SMs the launch may use.
 int resolved_tile_n(const GemmArgs& args, int sms) {
   TL_REQUIRE(args.tile_n == 0 || args.tile_n == kTileN || args.tile_n == kTileNNarrow ||
-                 args.tile_n == kTileNSlim,
-             "sm90 gemm: tile_n must be 0 (the engine picks), " << kTileN << ", " << kTileNNarrow
-                                                                << " or " << kTileNSlim << ", got "
-                                                                << args.tile_n);
+                 args.tile_n == kTileNLean || args.tile_n == kTileNSlim,
+             "sm90 gemm: tile_n must be 0 (the engine picks), "
+                 << kTileN << ", " << kTileNNarrow << ", " << kTileNLean << " or " << kTileNSlim
+                 << ", got " << args.tile_n);
   return args.tile_n != 0 ? args.tile_n : gemm_pick_tile_n(args.m, args.n, args.k, sms);
 }
 

@@ -107,11 +107,12 @@ TL_HD inline bool gemm_decode_shape(int64_t m, int64_t n, int64_t k) {
 }
 
 // The engine's output tile (the grid a fused op maps its signal slots onto): 128 x kTileN. A
-// launch may instead take tiles kTileNNarrow or kTileNSlim wide (GemmArgs::tile_n,
+// launch may instead take tiles kTileNNarrow, kTileNLean or kTileNSlim wide (GemmArgs::tile_n,
 // gemm_pick_tile_n), where they fill the SMs' waves better; the fused ops name kTileN.
 inline constexpr int kTileM = 128;
 inline constexpr int kTileN = 256;
 inline constexpr int kTileNNarrow = 192;
+inline constexpr int kTileNLean = 160;
 inline constexpr int kTileNSlim = 128;
 inline constexpr int kTileK = 64;
 
@@ -139,7 +140,7 @@ struct GemmArgs {
   int start_m = 0;  // TileOrder: first tile row visited
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
   int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
-  // Width of the output tiles: kTileN, kTileNNarrow or kTileNSlim; 0: the engine picks
+  // Width of the output tiles: kTileN, kTileNNarrow, kTileNLean or kTileNSlim; 0: the engine picks
   // (gemm_pick_tile_n). The hooks see tiles of gemm_tile_grid(args); an op that maps signals onto
   // tiles names its width.
   int tile_n = 0;
@@ -225,9 +226,15 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 // - kTileNSlim: kSlimTileGain, and only for M > kSplitFewRows. Its tiles run at 0.90-0.97 of
 //   kTileN's speed on full waves; on 77 shapes of M 136-1536 the rule ran each at a mean 0.998 of
 //   its fastest width (min 0.95) where the two-width rule ran at 0.972 (min 0.79) (session 20).
+// - kTileNLean: kLeanTileGain, and only for M > kSplitFewRows. Its waves fit where the others' do
+//   not (576x4096: 130 tiles of 160 against 80 of 256, 110 of 192 or 132 + 28 split of 128), and
+//   on a full wave it ran as fast as 256 (1408x1920x8192 1.03 of cuBLAS, 1408x3072x8192 at 256
+//   1.00). On 75 shapes of M 200-1408 the rule ran each at a mean 0.999 of its fastest width (min
+//   0.976), where the three-width rule ran at 0.996 (min 0.956) (session 22).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
 inline constexpr double kNarrowTileGainFewRows = 0.9;
+inline constexpr double kLeanTileGain = 0.975;
 inline constexpr double kSlimTileGain = 0.91;
 TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
   const int64_t tiles = gemm_tile_grid(m, n, tile_n).num_tiles();
@@ -241,11 +248,14 @@ TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
   const double margin = m <= kSplitFewRows ? kNarrowTileGainFewRows : kNarrowTileGain;
   const double wide = gemm_wave_cost(m, n, k, blocks, kTileN);
   const double narrow = gemm_wave_cost(m, n, k, blocks, kTileNNarrow) / margin;
-  const double best = narrow < wide ? narrow : wide;
-  if (m > kSplitFewRows && gemm_wave_cost(m, n, k, blocks, kTileNSlim) / kSlimTileGain < best) {
-    return kTileNSlim;
+  int pick = narrow < wide ? kTileNNarrow : kTileN;
+  double best = narrow < wide ? narrow : wide;
+  if (m > kSplitFewRows) {
+    const double lean = gemm_wave_cost(m, n, k, blocks, kTileNLean) / kLeanTileGain;
+    if (lean < best) pick = kTileNLean, best = lean;
+    if (gemm_wave_cost(m, n, k, blocks, kTileNSlim) / kSlimTileGain < best) pick = kTileNSlim;
   }
-  return narrow < wide ? kTileNNarrow : kTileN;
+  return pick;
 }
 
 // How a launch with these arguments spreads its work: the tile width (args.tile_n, or the pick),

@@ -92,7 +92,10 @@ TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoo
   constexpr int kChunkCols = 128 / static_cast<int>(sizeof(ElementOut));  // columns per 128-byte chunk
   constexpr int kSegCols = 16 / static_cast<int>(sizeof(ElementOut));     // columns per 16-byte segment
   constexpr int kPairsPerChunk = kChunkCols / 8;                           // 8-column groups per chunk
-  static_assert(TileN % kChunkCols == 0);
+  // the last chunk of a tile whose width is not a multiple of kChunkCols (160 of 16-bit C) is
+  // narrower
+  constexpr int kChunks = (TileN + kChunkCols - 1) / kChunkCols;
+  static_assert(TileN % 8 == 0 && kChunkCols % 8 == 0);
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
   Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<TileN>{}));
   Tensor tCcC = thr_mma.partition_C(cC);  // (MMA, MMA_M, MMA_N) -> (row, col) in the tile
@@ -105,10 +108,13 @@ TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoo
   ElementOut* c = static_cast<ElementOut*>(c_ptr);
 
   CUTE_UNROLL
-  for (int chunk = 0; chunk < TileN / kChunkCols; ++chunk) {
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
+    const int chunk_cols =
+        TileN - chunk * kChunkCols < kChunkCols ? TileN - chunk * kChunkCols : kChunkCols;
     // 1. fragment pairs of this chunk -> staging rows (accum index 4*jn + 2*v1 is row +8*v1, cols 8*jn + 2q)
     CUTE_UNROLL
     for (int jj = 0; jj < kPairsPerChunk; ++jj) {
+      if (8 * jj >= chunk_cols) break;
       CUTE_UNROLL
       for (int v1 = 0; v1 < 2; ++v1) {
         const int i = 4 * (chunk * kPairsPerChunk + jj) + 2 * v1;
@@ -126,7 +132,9 @@ TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoo
       const int grow = row0 + warp_row0 + r;
       const int gcol = col0 + chunk * kChunkCols + seg * kSegCols;
       const uint4 v = *reinterpret_cast<const uint4*>(warp_stage + r * kStagePitch + seg * 16);
-      if (grow < m && gcol < n) *reinterpret_cast<uint4*>(c + static_cast<int64_t>(grow) * ldc + gcol) = v;
+      if (seg * kSegCols < chunk_cols && grow < m && gcol < n) {
+        *reinterpret_cast<uint4*>(c + static_cast<int64_t>(grow) * ldc + gcol) = v;
+      }
     }
     __syncwarp();
   }
@@ -137,16 +145,28 @@ TL_DEVICE void store_tile_staged(void* c_ptr, int64_t ldc, int m, int n, TileCoo
 // to C with TMA (the SM's write path drains it beside the next tile's math). The tile is laid out
 // as 64-column chunks (four in a 256-wide tile) of 128 rows x 128 bytes, each in the 128-byte
 // swizzle that C's tensor map names (16-byte unit u of row r at unit u ^ (r % 8)), so a warp's
-// 4-byte fragment writes (8 rows x 16 bytes) hit 32 different banks.
+// 4-byte fragment writes (8 rows x 16 bytes) hit 32 different banks. A width that is not a multiple
+// of 64 (160) ends in a tail chunk of kTmaTailCols columns, 128 rows x 64 bytes unswizzled, that
+// its own tensor map stores (its writes meet two rows a bank line: 4-way conflicts in a fifth of
+// the tile).
 inline constexpr int kTmaChunkCols = 64;             // 128 bytes of 16-bit C
 inline constexpr int kTmaChunkBytes = kTileM * 128;  // 16 KiB
-TL_HD constexpr int tma_tile_bytes(int tile_n) { return (tile_n / kTmaChunkCols) * kTmaChunkBytes; }
+inline constexpr int kTmaTailCols = 32;              // 64 bytes of 16-bit C
+TL_HD constexpr int tma_full_chunks(int tile_n) { return tile_n / kTmaChunkCols; }
+TL_HD constexpr bool tma_has_tail(int tile_n) { return tile_n % kTmaChunkCols != 0; }
+TL_HD constexpr int tma_tile_bytes(int tile_n) {
+  return tma_full_chunks(tile_n) * kTmaChunkBytes + (tile_n % kTmaChunkCols) * 2 * kTileM;
+}
+static_assert(tma_tile_bytes(256) == 4 * kTmaChunkBytes && tma_tile_bytes(160) == 40 * 1024);
 
 template <int TileN, class ElementOut, class TiledMma, class Accum>
 TL_DEVICE void stage_tile_for_tma(TiledMma const& tiled_mma, int mma_thread_idx, Accum const& accum,
                                   uint8_t* c_tile) {
   using namespace cute;
   static_assert(sizeof(ElementOut) == 2, "the TMA store path is for 16-bit outputs");
+  static_assert(TileN % kTmaChunkCols == 0 || TileN % kTmaChunkCols == kTmaTailCols,
+                "a tile is 64-column chunks and at most one 32-column tail");
+  constexpr int kFullCols = tma_full_chunks(TileN) * kTmaChunkCols;
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread_idx);
   Tensor cC = make_identity_tensor(make_shape(Int<kTileM>{}, Int<TileN>{}));
   Tensor tCcC = thr_mma.partition_C(cC);  // (MMA, MMA_M, MMA_N) -> (row, col) in the tile
@@ -154,9 +174,15 @@ TL_DEVICE void stage_tile_for_tma(TiledMma const& tiled_mma, int mma_thread_idx,
   for (int i = 0; i < size(accum); i += 2) {
     const int r = get<0>(tCcC(i));
     const int col = get<1>(tCcC(i));
-    const int byte = (col % kTmaChunkCols) * 2;  // in the chunk's row
-    const int off = (col / kTmaChunkCols) * kTmaChunkBytes + r * 128 +
-                    ((((byte >> 4) ^ r) & 7) << 4) + (byte & 15);
+    int off;
+    if ((i / 4) * 8 < kFullCols) {  // accum 4 jn .. 4 jn + 3: columns 8 jn .. 8 jn + 7
+      const int byte = (col % kTmaChunkCols) * 2;  // in the chunk's row
+      off = (col / kTmaChunkCols) * kTmaChunkBytes + r * 128 + ((((byte >> 4) ^ r) & 7) << 4) +
+            (byte & 15);
+    } else {
+      off =
+          tma_full_chunks(TileN) * kTmaChunkBytes + r * (kTmaTailCols * 2) + (col - kFullCols) * 2;
+    }
     store_pair(reinterpret_cast<ElementOut*>(c_tile + off), accum(i), accum(i + 1));
   }
 }

@@ -54,7 +54,7 @@ namespace detail {
 // outputs only): the consumers write a tile into shared memory and the store warp copies it to C
 // with TMA, so the next tile's MMAs run while the SM's write path drains it; the 64 KiB tile leaves
 // room for 3 stages. Without it: stores from registers through per-warp staging buffers, 4 stages.
-// kTileN_: the tile's width, kTileN, kTileNNarrow or kTileNSlim (gemm.hpp).
+// kTileN_: the tile's width, kTileN, kTileNNarrow, kTileNLean or kTileNSlim (gemm.hpp).
 template <class ElementIn_, class ElementOut_, bool kTmaStore_, int kTileN_ = kTileN>
 struct GemmConfig {
   using ElementIn = ElementIn_;    // cutlass::bfloat16_t or cutlass::half_t
@@ -138,8 +138,17 @@ struct AltSource<Cfg, true> {
   int alt_tile0 = 0, alt_tiles = 0, alt_rows = 0;
 };
 
+// kTail: C's tensor map for the last 32 columns of a tile 160 wide (the TMA store path; boxes of
+// kTmaTailCols x kTileM, unswizzled; stage_tile_for_tma).
+template <bool kTail>
+struct CTailMap {};
+template <>
+struct CTailMap<true> {
+  CUtensorMap c_tail_map;
+};
+
 template <class Cfg, class Hooks, bool kAltA>
-struct KernelParams : AltSource<Cfg, kAltA> {
+struct KernelParams : AltSource<Cfg, kAltA>, CTailMap<Cfg::kTmaStore && tma_has_tail(Cfg::kTileN)> {
   typename Cfg::Mainloop::Params mainloop;  // TMA descriptors of A and B
   int m = 0, n = 0, k = 0;
   void* c = nullptr;
@@ -403,7 +412,12 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       }
       Barrier::init(&shared.stored.c_tile_free, 1);
       cutlass::arch::fence_barrier_init();
-      if (p.tma_store) cute::prefetch_tma_descriptor(&p.c_map);
+      if (p.tma_store) {
+        cute::prefetch_tma_descriptor(&p.c_map);
+        if constexpr (Cfg::kTmaStore && tma_has_tail(kTileN)) {
+          cute::prefetch_tma_descriptor(&p.c_tail_map);
+        }
+      }
     }
   }
 
@@ -494,10 +508,16 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
             } else if (p.tma_store) {
               // The box clips at C's edges: a ragged tile writes only its region.
               namespace ptx = ::cuda::ptx;
-              for (int chunk = 0; chunk < kTileN / kTmaChunkCols; ++chunk) {
+              constexpr int kChunks = tma_full_chunks(kTileN);
+              for (int chunk = 0; chunk < kChunks; ++chunk) {
                 const int32_t box[2] = {tile.n * kTileN + chunk * kTmaChunkCols, tile.m * kTileM};
                 ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &p.c_map, box,
                                           shared.epilogue + chunk * kTmaChunkBytes);
+              }
+              if constexpr (tma_has_tail(kTileN)) {
+                const int32_t box[2] = {tile.n * kTileN + kChunks * kTmaChunkCols, tile.m * kTileM};
+                ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &p.c_tail_map, box,
+                                          shared.epilogue + kChunks * kTmaChunkBytes);
               }
               ptx::cp_async_bulk_commit_group();
               ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});  // the buffer is free again
@@ -615,21 +635,23 @@ inline bool is_local_device_memory(const void* ptr) {
 }
 
 // C's tensor map for the TMA store path: [m, n] row-major (row stride ldc elements), boxes of
-// kTmaChunkCols x kTileM in the 128-byte swizzle of stage_tile_for_tma.
+// kTmaChunkCols x kTileM in the 128-byte swizzle of stage_tile_for_tma, or (tail) boxes of
+// kTmaTailCols x kTileM unswizzled.
 template <class ElementOut>
-void encode_c_tensor_map(CUtensorMap* map, void* c, int64_t m, int64_t n, int64_t ldc) {
+void encode_c_tensor_map(CUtensorMap* map, void* c, int64_t m, int64_t n, int64_t ldc,
+                         bool tail = false) {
   static_assert(sizeof(ElementOut) == 2);
   const CUtensorMapDataType type = std::is_same_v<ElementOut, __half>
                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ldc) * sizeof(ElementOut)};
-  const cuuint32_t box[2] = {kTmaChunkCols, kTileM};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(tail ? kTmaTailCols : kTmaChunkCols), kTileM};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
       map, type, 2, c, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      tail ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TL_REQUIRE(r == CUDA_SUCCESS, "sm90 gemm: cuTensorMapEncodeTiled for C failed (CUresult "
                                     << static_cast<int>(r) << ")");
 }
@@ -737,15 +759,15 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   p.mode = args.epilogue;
   p.staged_store = args.epilogue == EpilogueMode::kStore && reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
                    (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
-  // The short box: always in the 128-wide tile, and in the wider ones where the 128-row boxes
-  // would zero-fill more than an eighth of the rows they load (kShortBoxMinFill). A 128-wide tile
-  // whose box is half zero-filled runs up to ~1.8x as long: its launches gained 5-38% at ragged M
-  // of 448-1088 rows. In the 192- and 256-wide tiles the short box gains at 136-320 rows
+  // The short box: always in the 128- and 160-wide tiles, and in the wider ones where the 128-row
+  // boxes would zero-fill more than an eighth of the rows they load (kShortBoxMinFill). A 128-wide
+  // tile whose box is half zero-filled runs up to ~1.8x as long: its launches gained 5-38% at
+  // ragged M of 448-1088 rows. In the 192- and 256-wide tiles the short box gains at 136-320 rows
   // (136x8192x8192 0.63 -> 0.83 of cuBLAS), but costs ~1% where an eighth or less of the rows is
   // zero-filled (448, 576, 704 rows; bench/notes/gemm.md, sessions 20-21).
   const int64_t padded = ceil_div(args.m, int64_t{kTileM}) * kTileM;
   if (const int64_t rows = args.m % kTileM;
-      rows != 0 && (Cfg::kTileN == kTileNSlim || kShortBoxMinFill * (padded - args.m) > padded)) {
+      rows != 0 && (Cfg::kTileN <= kTileNLean || kShortBoxMinFill * (padded - args.m) > padded)) {
     p.a_short_rows = static_cast<int>((rows + 7) / 8 * 8);
     encode_operand_map<ElementIn>(&p.a_short_map, args.a, args.m, args.k, lda, kTileK,
                                   p.a_short_rows,
@@ -756,6 +778,11 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   if constexpr (Cfg::kTmaStore) {
     p.tma_store = p.staged_store && is_local_device_memory(args.c);
     if (p.tma_store) encode_c_tensor_map<ElementOut>(&p.c_map, args.c, args.m, args.n, p.ldc);
+    if constexpr (tma_has_tail(Cfg::kTileN)) {
+      if (p.tma_store) {
+        encode_c_tensor_map<ElementOut>(&p.c_tail_map, args.c, args.m, args.n, p.ldc, true);
+      }
+    }
   }
   const int num_blocks = work.blocks;
   p.order = gemm_tile_order(args, num_blocks);
@@ -816,6 +843,8 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
   auto launch = [&]<bool kTmaStore>() {
     if (work.tile_n == kTileNNarrow) {
       launch_config.template operator()<kTmaStore, kTileNNarrow>();
+    } else if (work.tile_n == kTileNLean) {
+      launch_config.template operator()<kTmaStore, kTileNLean>();
     } else if (work.tile_n == kTileNSlim) {
       launch_config.template operator()<kTmaStore, kTileNSlim>();
     } else {
