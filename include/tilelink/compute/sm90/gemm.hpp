@@ -229,8 +229,9 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 // - kTileNLean: kLeanTileGain, and only for M > kSplitFewRows. Its waves fit where the others' do
 //   not (576x4096: 130 tiles of 160 against 80 of 256, 110 of 192 or 132 + 28 split of 128), and
 //   on a full wave it ran as fast as 256 (1408x1920x8192 1.03 of cuBLAS, 1408x3072x8192 at 256
-//   1.00). On 75 shapes of M 200-1408 the rule ran each at a mean 0.999 of its fastest width (min
-//   0.976), where the three-width rule ran at 0.996 (min 0.956) (session 22).
+//   1.00). The margin was fitted on 75 shapes of M 200-1408 and checked on 70 more of M 512-2048:
+//   on all 145 the rule ran each at a mean 0.997 of its fastest width (min 0.960), where the
+//   three-width rule ran at 0.995 (min 0.948) (bench/notes/gemm.md, session 22).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
 inline constexpr double kNarrowTileGainFewRows = 0.9;
