@@ -638,103 +638,82 @@ TEST(Sm90GemmDecode, BadInputThrows) {
   CK(cudaFree(p));
 }
 
-// 192-wide tiles (GemmArgs::tile_n = kTileNNarrow): aligned and ragged shapes, every dtype pair,
-// strided and unaligned C, kReduceAdd, the TMA-store configuration (several tiles a block) and
-// split last waves of 2 to 4 parts.
-TEST(Sm90Gemm, NarrowTiles) {
-  auto narrow = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                   DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNNarrow); };
-  for (auto [m, n, k] : {std::tuple{128, 192, 64}, {1000, 776, 1032}, {2048, 2304, 1024}}) {
-    run_and_check(narrow(m, n, k));
-  }
+// A narrower tile width (GemmArgs::tile_n): aligned and ragged shapes (`aligned`, then a grid of
+// small ones), every dtype pair and kReduceAdd on 1000 rows x `nk` (a few tiles wide, the last
+// one ragged), strided and unaligned C, then `cases` on a few blocks, each with the TMA-store
+// configuration and the split that it expects (several tiles a block, split last waves of 2 to 4
+// parts).
+struct WidthCase {
+  GemmArgs args;
+  int sms;
+  bool tma_store, split;
+};
+void check_tile_width(int tile_n,
+                      std::initializer_list<std::tuple<int64_t, int64_t, int64_t>> aligned,
+                      std::pair<int64_t, int64_t> nk, std::initializer_list<WidthCase> cases) {
+  SCOPED_TRACE(::testing::Message() << "tile_n " << tile_n);
+  auto at = [tile_n](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                     DType out = DType::kBF16) { return shape(m, n, k, in, out, tile_n); };
+  for (auto [m, n, k] : aligned) run_and_check(at(m, n, k));
   for (int64_t m : {1, 17, 64, 65, 1000}) {
-    for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(narrow(m, n, k));
+    for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(at(m, n, k));
   }
+  const auto [nk_n, nk_k] = nk;
   for (auto [in, out] : {std::pair{DType::kBF16, DType::kF32},
                          {DType::kF16, DType::kF16},
                          {DType::kF16, DType::kF32}}) {
-    run_and_check(narrow(1000, 776, 1032, in, out));
+    run_and_check(at(1000, nk_n, nk_k, in, out));
   }
-  GemmArgs strided = narrow(300, 264, 200);
+  GemmArgs strided = at(300, 264, 200);
   strided.lda = 208, strided.ldb = 216, strided.ldc = 280;
   run_and_check(strided);
   strided.ldc = 276;  // rows not 16-byte aligned: the pair-store epilogue
   run_and_check(strided);
-  run_and_check(narrow(1000, 776, 1032), true);
-  run_and_check(narrow(17, 264, 72, DType::kF16, DType::kF32), true);
-  struct Case {
-    GemmArgs args;
-    int sms;
-    bool tma_store, split;
-  };
-  for (Case c : {Case{narrow(1000, 1032, 520), 13, true, false},  // 48 tiles: 3-4 a block
-                 Case{narrow(1000, 1032, 1000), 20, true, true},  // 8 of 48 split
-                 Case{narrow(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
-                 Case{narrow(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
-                 Case{narrow(1000, 1032, 1000, DType::kF16, DType::kF32), 20, false, true}}) {
+  run_and_check(at(1000, nk_n, nk_k), true);
+  run_and_check(at(17, 264, 72, DType::kF16, DType::kF32), true);
+  for (WidthCase c : cases) {
     c.args.num_sms = c.sms;
     SCOPED_TRACE(::testing::Message()
                  << c.args.m << "x" << c.args.n << "x" << c.args.k << " on " << c.sms << " blocks");
+    ASSERT_EQ(c.args.tile_n, tile_n);
     std::optional<SplitWorkspace> ws;
     if (c.split) ws.emplace(c.args);
     const GemmWork w = gemm_work(c.args);
-    EXPECT_EQ(w.tile_n, kTileNNarrow);
-    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, kTileNNarrow).num_tiles());
+    EXPECT_EQ(w.tile_n, tile_n);
+    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, tile_n).num_tiles());
     EXPECT_EQ(gemm_tma_store_config(c.args.out_type, w.tiles, w.blocks), c.tma_store);
     EXPECT_EQ(w.split.tiles > 0, c.split);
     for (int rep = 0; rep < 2; ++rep) run_and_check(c.args);
   }
 }
 
+// 192-wide tiles (GemmArgs::tile_n = kTileNNarrow).
+TEST(Sm90Gemm, NarrowTiles) {
+  auto narrow = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                   DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNNarrow); };
+  check_tile_width(kTileNNarrow, {{128, 192, 64}, {1000, 776, 1032}, {2048, 2304, 1024}},
+                   {776, 1032},
+                   {{narrow(1000, 1032, 520), 13, true, false},  // 48 tiles: 3-4 a block
+                    {narrow(1000, 1032, 1000), 20, true, true},  // 8 of 48 split
+                    {narrow(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
+                    {narrow(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
+                    {narrow(1000, 1032, 1000, DType::kF16, DType::kF32), 20, false, true}});
+}
+
 // 160-wide tiles (GemmArgs::tile_n = kTileNLean): a width that is not a multiple of the epilogue's
 // 64-column chunks, so the staged store ends in a 32-column chunk and the TMA store in a tail box
-// of its own (the last tile of N = 1112 holds 24 of its 32 columns, of N = 1000 none). Aligned and
-// ragged shapes, every dtype pair, strided and unaligned C, kReduceAdd, the TMA-store configuration
-// and split last waves of 2 to 4 parts.
+// of its own (the last tile of N = 1112 holds 24 of its 32 columns, of N = 1000 none).
 TEST(Sm90Gemm, LeanTiles) {
   auto lean = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
                  DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNLean); };
-  for (auto [m, n, k] : {std::tuple{128, 160, 64}, {1000, 1000, 1032}, {2048, 2240, 1024}}) {
-    run_and_check(lean(m, n, k));
-  }
-  for (int64_t m : {1, 17, 64, 65, 1000}) {
-    for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(lean(m, n, k));
-  }
-  for (auto [in, out] : {std::pair{DType::kBF16, DType::kF32},
-                         {DType::kF16, DType::kF16},
-                         {DType::kF16, DType::kF32}}) {
-    run_and_check(lean(1000, 1112, 1032, in, out));
-  }
-  GemmArgs strided = lean(300, 264, 200);
-  strided.lda = 208, strided.ldb = 216, strided.ldc = 280;
-  run_and_check(strided);
-  strided.ldc = 276;  // rows not 16-byte aligned: the pair-store epilogue
-  run_and_check(strided);
-  run_and_check(lean(1000, 1112, 1032), true);
-  run_and_check(lean(17, 264, 72, DType::kF16, DType::kF32), true);
-  struct Case {
-    GemmArgs args;
-    int sms;
-    bool tma_store, split;
-  };
-  for (Case c : {Case{lean(1000, 1112, 520), 7, true, false},   // 56 tiles: 8 a block
-                 Case{lean(1000, 1000, 520), 7, true, false},   // the last tile column holds 40
-                 Case{lean(1000, 1112, 1000), 24, true, true},  // 8 of 56 split in 2
-                 Case{lean(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
-                 Case{lean(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
-                 Case{lean(1000, 1112, 1000, DType::kF16, DType::kF32), 24, false, true}}) {
-    c.args.num_sms = c.sms;
-    SCOPED_TRACE(::testing::Message()
-                 << c.args.m << "x" << c.args.n << "x" << c.args.k << " on " << c.sms << " blocks");
-    std::optional<SplitWorkspace> ws;
-    if (c.split) ws.emplace(c.args);
-    const GemmWork w = gemm_work(c.args);
-    EXPECT_EQ(w.tile_n, kTileNLean);
-    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, kTileNLean).num_tiles());
-    EXPECT_EQ(gemm_tma_store_config(c.args.out_type, w.tiles, w.blocks), c.tma_store);
-    EXPECT_EQ(w.split.tiles > 0, c.split);
-    for (int rep = 0; rep < 2; ++rep) run_and_check(c.args);
-  }
+  check_tile_width(kTileNLean, {{128, 160, 64}, {1000, 1000, 1032}, {2048, 2240, 1024}},
+                   {1112, 1032},
+                   {{lean(1000, 1112, 520), 7, true, false},   // 56 tiles: 8 a block
+                    {lean(1000, 1000, 520), 7, true, false},   // the last tile column holds 40
+                    {lean(1000, 1112, 1000), 24, true, true},  // 8 of 56 split in 2
+                    {lean(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
+                    {lean(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
+                    {lean(1000, 1112, 1000, DType::kF16, DType::kF32), 24, false, true}});
 }
 
 // A ragged last tile row (M % 128 != 0) loads A in a box of its own rows (rounded up to 8), the
@@ -1016,13 +995,15 @@ TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
   // 40 tiles on 2 blocks: the TMA-store configuration; on 24 (one or two tiles a block): register
   // stores. With a workspace, on 13 (TMA) and 32 (register) blocks the last wave is split: only
   // the half that stores a tile notifies it. The same with 192-wide tiles (48 of them; split on
-  // 20).
+  // 20) and 160-wide ones (56; the TMA store's tail box on 2, split on 24).
   for (auto [sms, split, tile_n] : {std::tuple{2, false, kTileN},
                                     {24, false, kTileN},
                                     {13, true, kTileN},
                                     {32, true, kTileN},
                                     {2, false, kTileNNarrow},
-                                    {20, true, kTileNNarrow}}) {
+                                    {20, true, kTileNNarrow},
+                                    {2, false, kTileNLean},
+                                    {24, true, kTileNLean}}) {
     GemmArgs a = shape(1000, 1032, 1024, DType::kBF16, DType::kBF16, tile_n);
     a.num_sms = sms;
     std::optional<SplitWorkspace> ws;
@@ -1100,16 +1081,20 @@ TEST(Sm90GemmHooks, WaitHoldsEveryTileOfABlock) {
   run_with_hooks(a, true, 4);
 }
 
-// 192-wide tiles: the hooks see that grid (48 tiles), one tile a block and several.
-TEST(Sm90GemmHooks, WaitHoldsNarrowTiles) {
+// 192- and 160-wide tiles: the hooks see that grid (48 or 56 tiles), one tile a block and several.
+TEST(Sm90GemmHooks, WaitHoldsNarrowerTiles) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  GemmArgs a = shape(1000, 1032, 1024, DType::kBF16, DType::kBF16, kTileNNarrow);
-  ASSERT_EQ(gemm_tile_grid(a).num_tiles(), 48);
-  a.num_sms = sms - 8;
-  run_with_hooks(a, true, 6);
-  a.num_sms = 3;
-  run_with_hooks(a, true, 7);
+  uint64_t epoch = 6;
+  for (auto [tile_n, tiles] : {std::pair{kTileNNarrow, 48}, {kTileNLean, 56}}) {
+    SCOPED_TRACE(::testing::Message() << "tile_n " << tile_n);
+    GemmArgs a = shape(1000, 1032, 1024, DType::kBF16, DType::kBF16, tile_n);
+    ASSERT_EQ(gemm_tile_grid(a).num_tiles(), tiles);
+    a.num_sms = sms - 8;
+    run_with_hooks(a, true, epoch++);
+    a.num_sms = 3;
+    run_with_hooks(a, true, epoch++);
+  }
 }
 
 // ---- argument checks: throw before launching -----------------------------------------------------
