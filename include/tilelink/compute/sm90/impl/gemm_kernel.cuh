@@ -427,6 +427,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       p.order.count() + (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)};
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
   // setup) measured slower, not faster (bench/notes/gemm.md, run 4): the load warp waits below.
+  // So did the load warp sending a relaxed read of the signal out at entry and ending the wait
+  // with `fence.acquire` after this barrier (session 23).
   __syncthreads();
   if (threadIdx.x == 0) TL_GEMM_MARK(11);
   const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
