@@ -236,7 +236,7 @@ int bench_gemm(Args& args) {
     std::printf(
         "m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
         "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas,"
-        "hooks_us,tile_n,kernel\n");
+        "hooks_us,tile_n,kernel,split\n");
   else
     std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %6s %6s | %8s %8s %8s\n", "M",
                 "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
@@ -279,6 +279,12 @@ int bench_gemm(Args& args) {
     ga.a = a, ga.b = b, ga.c = c;
     ga.in_type = in, ga.out_type = out, ga.group_m = group_m;
     if (!no_split) split_ws.attach(ga, stream);  // the split last wave's workspace
+    // The split, for the CSV: "-" none, "TxP" T tiles in P parts of K.
+    std::string split_name = "-";
+    if (const sm90::GemmSplit sp = decode ? sm90::GemmSplit{} : sm90::gemm_work(ga).split;
+        sp.tiles > 0) {
+      split_name = std::to_string(sp.tiles) + "x" + std::to_string(sp.parts);
+    }
     BenchHooks hooks;
     hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = grid.tiles_n(), hooks.epoch = 1;
     BenchHooks wait_only = hooks, notify_only = hooks;
@@ -411,11 +417,11 @@ int bench_gemm(Args& args) {
     if (csv)
       std::printf(
           "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e,"
-          "%.3f,%d,%s\n",
+          "%.3f,%d,%s,%s\n",
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
           p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas,
-          hooks_us, grid.tile_n, decode ? "decode" : "tile");
+          hooks_us, grid.tile_n, decode ? "decode" : "tile", split_name.c_str());
     else {
       auto err = [](double e) {  // "-": not checked (--no-verify, or no hooks for this type)
         char buf[16] = "-";

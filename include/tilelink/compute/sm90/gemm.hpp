@@ -232,11 +232,23 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 //   1.00). The margin was fitted on 75 shapes of M 200-1408 and checked on 70 more of M 512-2048:
 //   on all 145 the rule ran each at a mean 0.997 of its fastest width (min 0.960), where the
 //   three-width rule ran at 0.995 (min 0.948) (bench/notes/gemm.md, session 22).
+// - Many rows: the narrow tile loses less to the wide one above kManyRows rows (more than 16 tile
+//   rows; kNarrowTileGainManyRows), the slim one above kManyRowsSlim (kSlimTileGainManyRows).
+//   Fitted on 114 shapes of M 2048-16384 (tensor-parallel shards and a grid, each width measured)
+//   and checked on 72 held-out ones of M 2304-12288 (0.988 -> 0.992 of the fastest width); the
+//   pick then measured against the old one where it changed: with one bound the slim tile lost
+//   3.5-7% on four shapes of M 2304-3072, hence its higher bound; with both, on the 34 shapes it
+//   changed, median 1.029x (0.961-1.106x). On all 185 shapes: mean 0.990 -> 0.995 of the fastest
+//   width, the worst 0.888 -> 0.952 (bench/notes/gemm.md, session 25).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
 inline constexpr double kNarrowTileGainFewRows = 0.9;
 inline constexpr double kLeanTileGain = 0.975;
 inline constexpr double kSlimTileGain = 0.91;
+inline constexpr int64_t kManyRows = 2048;
+inline constexpr int64_t kManyRowsSlim = 3072;
+inline constexpr double kNarrowTileGainManyRows = 0.985;
+inline constexpr double kSlimTileGainManyRows = 0.96;
 TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, int tile_n) {
   const int64_t tiles = gemm_tile_grid(m, n, tile_n).num_tiles();
   const GemmSplit split = gemm_split(tiles, blocks, k, gemm_tile_rows(m));
@@ -246,7 +258,9 @@ TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, 
   return waves * tile_n;
 }
 TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
-  const double margin = m <= kSplitFewRows ? kNarrowTileGainFewRows : kNarrowTileGain;
+  const double margin = m <= kSplitFewRows ? kNarrowTileGainFewRows
+                        : m > kManyRows    ? kNarrowTileGainManyRows
+                                           : kNarrowTileGain;
   const double wide = gemm_wave_cost(m, n, k, blocks, kTileN);
   const double narrow = gemm_wave_cost(m, n, k, blocks, kTileNNarrow) / margin;
   int pick = narrow < wide ? kTileNNarrow : kTileN;
@@ -254,7 +268,8 @@ TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
   if (m > kSplitFewRows) {
     const double lean = gemm_wave_cost(m, n, k, blocks, kTileNLean) / kLeanTileGain;
     if (lean < best) pick = kTileNLean, best = lean;
-    if (gemm_wave_cost(m, n, k, blocks, kTileNSlim) / kSlimTileGain < best) pick = kTileNSlim;
+    const double slim_gain = m > kManyRowsSlim ? kSlimTileGainManyRows : kSlimTileGain;
+    if (gemm_wave_cost(m, n, k, blocks, kTileNSlim) / slim_gain < best) pick = kTileNSlim;
   }
   return pick;
 }
