@@ -771,9 +771,10 @@ TEST(Sm90Gemm, PickTileN) {
   // 4032), 4032 / 0.985 < 4096: narrow (/ 0.965: wide).
   EXPECT_EQ(gemm_pick_tile_n(8192, 8192, 8192, 132), kTileNNarrow);
   EXPECT_EQ(gemm_pick_tile_n(8192, 8192, 3584, 132), kTileNNarrow);
-  // The slim tile's above kManyRowsSlim rows. 4096x1792x4096 and 2304x3200x2560: 384 or 360 tiles
-  // of 160 (3 waves: 480) against 448 or 450 of 128 (3 and 52 or 54 in 2 parts: 3.6 x 128 = 460.8):
-  // slim at 4096 rows (460.8 / 0.96 < 480 / 0.975), lean at 2304 (/ 0.91); lean at 2048 rows.
+  // And the slim tile's above kManyRowsSlim rows. 4096x1792x4096 and 2304x3200x2560: 384 or 360
+  // tiles of 160 (3 waves: 480) against 448 or 450 of 128 (3 and 52 or 54 in 2 parts: 3.6 x 128 =
+  // 460.8): slim at 4096 rows (460.8 / 0.96 < 480 / 0.975), lean at 2304 (/ 0.91); lean at 2048
+  // rows.
   EXPECT_EQ(gemm_pick_tile_n(4096, 1792, 4096, 132), kTileNSlim);
   EXPECT_EQ(gemm_pick_tile_n(2304, 3200, 2560, 132), kTileNLean);
   EXPECT_EQ(gemm_pick_tile_n(2048, 3584, 4096, 132), kTileNLean);
