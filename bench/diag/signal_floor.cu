@@ -1,0 +1,253 @@
+// signal_floor: what one wait and one notify cost a launch with no GEMM around them, i.e. the floor
+// under the sm90 engine's hooks (issue 4's "hooks <= 1%") at one tile a block.
+//
+// A "tile" kernel, one block of 256 threads per SM. Each block:
+//   [wait: thread 0 acquires its wait signal, already set] -> __syncthreads ->
+//   reads its 64 KiB slice of an input (16-byte loads, cold after the flush, as a tile's first
+//   k-blocks) -> spins for --work-us (clock64; the mainloop's place) -> writes its 64 KiB slice of
+//   the output (16-byte stores, a tile's epilogue) -> __syncthreads ->
+//   [notify: thread 0 release-stores its notify signal].
+// The variants differ only in the bracketed parts: plain, wait, notify, both ("hooks"). As in
+// `tilelink bench gemm`: CUDA events around each launch, L2 flushed (a 2x-L2 memset) before every
+// launch, the variants rotated rep by rep; the table gives each variant's median launch time and
+// its paired median difference from plain. --hot-signals: after every flush, before every variant,
+// a small kernel writes the wait signals again (as a communication program leaves them).
+//
+// Both hooks are on the critical path by what they mean: no read before the wait has seen its
+// signal, no notify before the block's writes are visible. The "hooks" row is then the least that
+// any kernel honouring that contract pays per launch; divide it by a launch's length to get the
+// least hooks+% that launch can show (bench/notes/gemm.md, session 26).
+//
+//   usage: signal_floor [--work-us W] [--reps R] [--hot-signals]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cuda/atomic>
+#include <string>
+#include <vector>
+
+#define CK(call)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kSliceBytes = 64 * 1024;  // a 128x256 bf16 tile
+constexpr int kVecsPerThread = kSliceBytes / 16 / kThreads;
+constexpr long long kMaxPolls = 1ll << 26;
+
+struct Stall {  // host-mapped: where a wait gave up
+  int block;
+  unsigned long long observed;
+  int flag;
+};
+
+template <bool kWait, bool kNotify>
+__global__ void __launch_bounds__(kThreads)
+    tile_kernel(const uint4* in, uint4* out, uint64_t* wait_signals, uint64_t* notify_signals,
+                uint64_t epoch, long long work_cycles, Stall* stall) {
+  const int b = blockIdx.x;
+  if constexpr (kWait) {
+    if (threadIdx.x == 0) {
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(wait_signals[b]);
+      uint64_t seen = sig.load(cuda::memory_order_acquire);
+      for (long long polls = 0; seen < epoch; ++polls) {
+        if (polls == kMaxPolls) {
+          volatile Stall* s = stall;
+          s->block = b, s->observed = seen;
+          __threadfence_system();
+          s->flag = 1;
+          __threadfence_system();
+          __trap();
+        }
+        __nanosleep(32);
+        seen = sig.load(cuda::memory_order_acquire);
+      }
+    }
+  }
+  __syncthreads();
+  const uint4* src = in + static_cast<size_t>(b) * (kSliceBytes / 16);
+  uint4 acc{0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < kVecsPerThread; ++i) {
+    const uint4 v = src[i * kThreads + threadIdx.x];
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  const long long t0 = clock64();
+  while (clock64() - t0 < work_cycles) {
+  }
+  uint4* dst = out + static_cast<size_t>(b) * (kSliceBytes / 16);
+#pragma unroll
+  for (int i = 0; i < kVecsPerThread; ++i) {
+    dst[i * kThreads + threadIdx.x] = make_uint4(acc.x + i, acc.y, acc.z, acc.w);
+  }
+  __syncthreads();
+  if constexpr (kNotify) {
+    if (threadIdx.x == 0) {
+      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(notify_signals[b]);
+      sig.store(epoch, cuda::memory_order_release);
+    }
+  }
+}
+
+__global__ void set_signals(uint64_t* signals, int n, uint64_t epoch) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) signals[i] = epoch;
+}
+
+using Kernel = void (*)(const uint4*, uint4*, uint64_t*, uint64_t*, uint64_t, long long, Stall*);
+struct Variant {
+  const char* name;
+  Kernel kernel;
+};
+const Variant kVariants[] = {{"plain", tile_kernel<false, false>},
+                             {"wait", tile_kernel<true, false>},
+                             {"notify", tile_kernel<false, true>},
+                             {"hooks", tile_kernel<true, true>},
+                             {"plain again", tile_kernel<false, false>}};
+constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void usage() {
+  std::fprintf(stderr, "usage: signal_floor [--work-us W] [--reps R] [--hot-signals]\n");
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double work_us = 90.0;
+  int reps = 300;
+  bool hot = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--work-us" && i + 1 < argc) {
+      work_us = std::atof(argv[++i]);
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--hot-signals") {
+      hot = true;
+    } else {
+      usage();
+    }
+  }
+  if (work_us < 0 || reps < 1) usage();
+
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  int clock_khz = 0;
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  const int blocks = prop.multiProcessorCount;
+  const long long work_cycles = static_cast<long long>(work_us * clock_khz / 1000.0);
+
+  const size_t slice_total = static_cast<size_t>(blocks) * kSliceBytes;
+  uint4 *in = nullptr, *out = nullptr;
+  uint64_t *wait_signals = nullptr, *notify_signals = nullptr;
+  CK(cudaMalloc(&in, slice_total));
+  CK(cudaMalloc(&out, slice_total));
+  CK(cudaMemset(in, 0x5a, slice_total));
+  CK(cudaMalloc(&wait_signals, blocks * sizeof(uint64_t)));
+  CK(cudaMalloc(&notify_signals, blocks * sizeof(uint64_t)));
+  CK(cudaMemset(notify_signals, 0, blocks * sizeof(uint64_t)));
+  Stall* stall = nullptr;
+  CK(cudaHostAlloc(&stall, sizeof(Stall), cudaHostAllocMapped));
+  std::memset(stall, 0, sizeof(Stall));
+  const size_t flush_bytes = size_t(2) * prop.l2CacheSize;
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, flush_bytes));
+  const uint64_t epoch = 1;
+  set_signals<<<(blocks + 255) / 256, 256>>>(wait_signals, blocks, epoch);
+  CK(cudaGetLastError());
+
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&stop));
+  auto launch = [&](int v) {
+    kVariants[v].kernel<<<blocks, kThreads, 0, stream>>>(in, out, wait_signals, notify_signals,
+                                                         epoch, work_cycles, stall);
+    CK(cudaGetLastError());
+  };
+  for (int v = 0; v < kNumVariants; ++v) launch(v);  // warm-up: modules loaded, code seen once
+  const cudaError_t warm = cudaStreamSynchronize(stream);
+  if (warm != cudaSuccess || stall->flag != 0) {
+    std::fprintf(stderr, "signal_floor: %s%s (block %d saw %llu)\n", cudaGetErrorString(warm),
+                 stall->flag ? ", a wait timed out" : "", stall->block, stall->observed);
+    return 1;
+  }
+
+  std::vector<std::vector<double>> us(kNumVariants);
+  for (int r = 0; r < reps; ++r) {
+    for (int i = 0; i < kNumVariants; ++i) {
+      const int v = (r + i) % kNumVariants;  // rotated: each variant in every position
+      CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
+      if (hot) {
+        set_signals<<<(blocks + 255) / 256, 256, 0, stream>>>(wait_signals, blocks, epoch);
+        CK(cudaGetLastError());
+      }
+      CK(cudaEventRecord(start, stream));
+      launch(v);
+      CK(cudaEventRecord(stop, stream));
+      CK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, start, stop));
+      us[v].push_back(ms * 1e3);
+    }
+  }
+  if (stall->flag != 0) {
+    std::fprintf(stderr, "signal_floor: a wait timed out (block %d saw %llu)\n", stall->block,
+                 stall->observed);
+    return 1;
+  }
+  // The notify signals: every block must have written the epoch (the notify variants ran).
+  std::vector<uint64_t> seen(blocks);
+  CK(cudaMemcpy(seen.data(), notify_signals, blocks * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  for (int b = 0; b < blocks; ++b) {
+    if (seen[b] != epoch) {
+      std::fprintf(stderr, "signal_floor: block %d's notify signal is %llu, not %llu\n", b,
+                   static_cast<unsigned long long>(seen[b]),
+                   static_cast<unsigned long long>(epoch));
+      return 1;
+    }
+  }
+
+  std::printf(
+      "signal_floor: %s, %d blocks x %d threads, 64 KiB read + %.1f us of work + 64 KiB written a "
+      "block; "
+      "L2 flushed before every launch%s; median of %d reps\n",
+      prop.name, blocks, kThreads, work_us, hot ? ", wait signals rewritten after it" : "", reps);
+  std::printf("%-12s %10s %12s %10s\n", "variant", "launch us", "- plain us", "% of plain");
+  const double plain = median(us[0]);
+  for (int v = 0; v < kNumVariants; ++v) {
+    std::vector<double> d(reps);
+    for (int r = 0; r < reps; ++r) d[r] = us[v][r] - us[0][r];
+    const double diff = median(d);
+    std::printf("%-12s %10.2f %+12.3f %+9.2f%%\n", kVariants[v].name, median(us[v]), diff,
+                100.0 * diff / plain);
+  }
+  CK(cudaFree(flush));
+  CK(cudaFree(in));
+  CK(cudaFree(out));
+  CK(cudaFree(wait_signals));
+  CK(cudaFree(notify_signals));
+  CK(cudaFreeHost(stall));
+  return 0;
+}
