@@ -7,7 +7,9 @@
 //   k-blocks) -> spins for --work-us (clock64; the mainloop's place) -> writes its 64 KiB slice of
 //   the output (16-byte stores, a tile's epilogue) -> __syncthreads ->
 //   [notify: thread 0 release-stores its notify signal].
-// The variants differ only in the bracketed parts: plain, wait, notify, both ("hooks"). As in
+// The variants differ only in the bracketed parts: plain, wait, notify, both ("hooks"); "+fence":
+// the wait followed by `fence.proxy.async.global`, as the engine orders it before its TMA loads;
+// ", sys": system scope (with the fence, for the wait), as the fused ops' instances. As in
 // `tilelink bench gemm`: CUDA events around each launch, L2 flushed (a 2x-L2 memset) before every
 // launch, the variants rotated rep by rep; the table gives each variant's median launch time and
 // its paired median difference from plain. --hot-signals: after every flush, before every variant,
@@ -52,14 +54,15 @@ struct Stall {  // host-mapped: where a wait gave up
   int flag;
 };
 
-template <bool kWait, bool kNotify>
+template <bool kWait, bool kNotify, bool kProxyFence = false,
+          cuda::thread_scope kScope = cuda::thread_scope_device>
 __global__ void __launch_bounds__(kThreads)
     tile_kernel(const uint4* in, uint4* out, uint64_t* wait_signals, uint64_t* notify_signals,
                 uint64_t epoch, long long work_cycles, Stall* stall) {
   const int b = blockIdx.x;
   if constexpr (kWait) {
     if (threadIdx.x == 0) {
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(wait_signals[b]);
+      cuda::atomic_ref<uint64_t, kScope> sig(wait_signals[b]);
       uint64_t seen = sig.load(cuda::memory_order_acquire);
       for (long long polls = 0; seen < epoch; ++polls) {
         if (polls == kMaxPolls) {
@@ -73,6 +76,8 @@ __global__ void __launch_bounds__(kThreads)
         __nanosleep(32);
         seen = sig.load(cuda::memory_order_acquire);
       }
+      // the engine's load warp does this after its wait, before its (async-proxy) TMA loads
+      if constexpr (kProxyFence) asm volatile("fence.proxy.async.global;" ::: "memory");
     }
   }
   __syncthreads();
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if constexpr (kNotify) {
     if (threadIdx.x == 0) {
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(notify_signals[b]);
+      cuda::atomic_ref<uint64_t, kScope> sig(notify_signals[b]);
       sig.store(epoch, cuda::memory_order_release);
     }
   }
@@ -110,10 +115,15 @@ struct Variant {
   const char* name;
   Kernel kernel;
 };
+constexpr auto kSys = cuda::thread_scope_system;
 const Variant kVariants[] = {{"plain", tile_kernel<false, false>},
                              {"wait", tile_kernel<true, false>},
+                             {"wait+fence", tile_kernel<true, false, true>},
+                             {"wait, sys", tile_kernel<true, false, true, kSys>},
                              {"notify", tile_kernel<false, true>},
+                             {"notify, sys", tile_kernel<false, true, false, kSys>},
                              {"hooks", tile_kernel<true, true>},
+                             {"hooks+fence", tile_kernel<true, true, true>},
                              {"plain again", tile_kernel<false, false>}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
