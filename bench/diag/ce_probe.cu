@@ -17,14 +17,7 @@
 #include <cstring>
 #include <string>
 
-#define CK(call)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "diag_check.hpp"
 
 __global__ void hold(const volatile int* flag, unsigned long long hold_ns) {
   extern __shared__ int smem[];

@@ -20,14 +20,7 @@
 #include <cstdlib>
 #include <string>
 
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "diag_check.hpp"
 
 namespace {
 
@@ -56,14 +49,14 @@ const char* name(Copy c) {
 // Stream capture of `enqueue` on device `dev`'s stream s.
 template <class Fn>
 cudaGraphExec_t capture(int dev, cudaStream_t s, Fn&& enqueue) {
-  CHECK(cudaSetDevice(dev));
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  CK(cudaSetDevice(dev));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
   enqueue();
   cudaGraph_t g = nullptr;
-  CHECK(cudaStreamEndCapture(s, &g));
+  CK(cudaStreamEndCapture(s, &g));
   cudaGraphExec_t e = nullptr;
-  CHECK(cudaGraphInstantiate(&e, g, 0));
-  CHECK(cudaGraphDestroy(g));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  CK(cudaGraphDestroy(g));
   return e;
 }
 
@@ -72,48 +65,48 @@ void run_case(Copy copy, bool b_first, bool a_eager) {
   void *buf0 = nullptr, *buf1 = nullptr;
   unsigned long long *flag0 = nullptr, *status = nullptr;
   cudaStream_t s0 = nullptr, s1 = nullptr;
-  CHECK(cudaSetDevice(0));
-  CHECK(cudaMalloc(&buf0, bytes));
-  CHECK(cudaMalloc(&flag0, 8));
-  CHECK(cudaMemset(flag0, 0, 8));
-  CHECK(cudaHostAlloc(&status, 8, cudaHostAllocMapped));
-  CHECK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-  CHECK(cudaSetDevice(1));
-  CHECK(cudaMalloc(&buf1, bytes));
-  CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  CHECK(cudaDeviceSynchronize());
-  CHECK(cudaSetDevice(0));
-  CHECK(cudaDeviceSynchronize());
+  CK(cudaSetDevice(0));
+  CK(cudaMalloc(&buf0, bytes));
+  CK(cudaMalloc(&flag0, 8));
+  CK(cudaMemset(flag0, 0, 8));
+  CK(cudaHostAlloc(&status, 8, cudaHostAllocMapped));
+  CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  CK(cudaSetDevice(1));
+  CK(cudaMalloc(&buf1, bytes));
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaDeviceSynchronize());
+  CK(cudaSetDevice(0));
+  CK(cudaDeviceSynchronize());
 
   auto enqueue_a = [&] {
     wait_flag<<<1, 1, 0, s0>>>(flag0, 1, status);
-    CHECK(cudaGetLastError());
-    if (copy == Copy::kPull) CHECK(cudaMemcpyAsync(buf0, buf1, bytes, cudaMemcpyDefault, s0));
-    if (copy == Copy::kPush) CHECK(cudaMemcpyAsync(buf1, buf0, bytes, cudaMemcpyDefault, s0));
+    CK(cudaGetLastError());
+    if (copy == Copy::kPull) CK(cudaMemcpyAsync(buf0, buf1, bytes, cudaMemcpyDefault, s0));
+    if (copy == Copy::kPush) CK(cudaMemcpyAsync(buf1, buf0, bytes, cudaMemcpyDefault, s0));
   };
   auto enqueue_b = [&] {
     set_flag<<<1, 1, 0, s1>>>(flag0, 1);
-    CHECK(cudaGetLastError());
-    if (copy == Copy::kPull) CHECK(cudaMemcpyAsync(buf1, buf0, bytes, cudaMemcpyDefault, s1));
-    if (copy == Copy::kPush) CHECK(cudaMemcpyAsync(buf0, buf1, bytes, cudaMemcpyDefault, s1));
+    CK(cudaGetLastError());
+    if (copy == Copy::kPull) CK(cudaMemcpyAsync(buf1, buf0, bytes, cudaMemcpyDefault, s1));
+    if (copy == Copy::kPush) CK(cudaMemcpyAsync(buf0, buf1, bytes, cudaMemcpyDefault, s1));
   };
   cudaGraphExec_t a = a_eager ? nullptr : capture(0, s0, enqueue_a);
   cudaGraphExec_t b = capture(1, s1, enqueue_b);
   for (int launch = 1; launch <= 2; ++launch) {
-    CHECK(cudaSetDevice(0));
-    CHECK(cudaMemset(flag0, 0, 8));
-    CHECK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(0));
+    CK(cudaMemset(flag0, 0, 8));
+    CK(cudaDeviceSynchronize());
     *status = 99;
     auto launch_a = [&] {
-      CHECK(cudaSetDevice(0));
+      CK(cudaSetDevice(0));
       if (a)
-        CHECK(cudaGraphLaunch(a, s0));
+        CK(cudaGraphLaunch(a, s0));
       else
         enqueue_a();
     };
     auto launch_b = [&] {
-      CHECK(cudaSetDevice(1));
-      CHECK(cudaGraphLaunch(b, s1));
+      CK(cudaSetDevice(1));
+      CK(cudaGraphLaunch(b, s1));
     };
     if (b_first) {
       launch_b();
@@ -122,46 +115,46 @@ void run_case(Copy copy, bool b_first, bool a_eager) {
       launch_a();
       launch_b();
     }
-    CHECK(cudaSetDevice(0));
-    CHECK(cudaStreamSynchronize(s0));
-    CHECK(cudaSetDevice(1));
-    CHECK(cudaStreamSynchronize(s1));
+    CK(cudaSetDevice(0));
+    CK(cudaStreamSynchronize(s0));
+    CK(cudaSetDevice(1));
+    CK(cudaStreamSynchronize(s1));
     std::printf("%-12s A %s, %s first, launch %d: %s\n", name(copy), a_eager ? "eager" : "graph",
                 b_first ? "B" : "A", launch,
                 *status == 0   ? "ok"
                 : *status == 1 ? "A timed out"
                                : "A never ran");
   }
-  if (a) CHECK(cudaGraphExecDestroy(a));
-  CHECK(cudaGraphExecDestroy(b));
-  CHECK(cudaSetDevice(0));
-  CHECK(cudaFree(buf0));
-  CHECK(cudaFree(flag0));
-  CHECK(cudaFreeHost(status));
-  CHECK(cudaStreamDestroy(s0));
-  CHECK(cudaSetDevice(1));
-  CHECK(cudaFree(buf1));
-  CHECK(cudaStreamDestroy(s1));
+  if (a) CK(cudaGraphExecDestroy(a));
+  CK(cudaGraphExecDestroy(b));
+  CK(cudaSetDevice(0));
+  CK(cudaFree(buf0));
+  CK(cudaFree(flag0));
+  CK(cudaFreeHost(status));
+  CK(cudaStreamDestroy(s0));
+  CK(cudaSetDevice(1));
+  CK(cudaFree(buf1));
+  CK(cudaStreamDestroy(s1));
 }
 
 }  // namespace
 
 int main() {
   int n = 0;
-  CHECK(cudaGetDeviceCount(&n));
+  CK(cudaGetDeviceCount(&n));
   if (n < 2) {
     std::printf("graph_p2p_probe needs 2 GPUs; this machine has %d\n", n);
     return 2;
   }
   for (int d = 0; d < 2; ++d) {
     int can = 0;
-    CHECK(cudaDeviceCanAccessPeer(&can, d, 1 - d));
+    CK(cudaDeviceCanAccessPeer(&can, d, 1 - d));
     if (!can) {
       std::printf("GPU %d cannot access GPU %d\n", d, 1 - d);
       return 2;
     }
-    CHECK(cudaSetDevice(d));
-    CHECK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    CK(cudaSetDevice(d));
+    CK(cudaDeviceEnablePeerAccess(1 - d, 0));
   }
   for (Copy c : {Copy::kNone, Copy::kPull, Copy::kPush})
     for (bool b_first : {false, true}) run_case(c, b_first, false);
