@@ -2,11 +2,12 @@
 // under the sm90 engine's hooks (issue 4's "hooks <= 1%") at one tile a block.
 //
 // A "tile" kernel, one block of 256 threads per SM. Each block:
-//   [wait: thread 0 acquires its wait signal, already set] -> __syncthreads ->
+//   [wait: warp 0 runs the engine's SignalHooks wait (lane 0 acquires the block's signal, already
+//   set)] -> __syncthreads ->
 //   reads its 64 KiB slice of an input (16-byte loads, cold after the flush, as a tile's first
 //   k-blocks) -> spins for --work-us (clock64; the mainloop's place) -> writes its 64 KiB slice of
 //   the output (16-byte stores, a tile's epilogue) -> __syncthreads ->
-//   [notify: thread 0 release-stores its notify signal].
+//   [notify: thread 0 runs SignalHooks' notify (a release store of the block's signal)].
 // The variants differ only in the bracketed parts: plain, wait, notify, both ("hooks"); "+fence":
 // the wait followed by `fence.proxy.async.global`, as the engine orders it before its TMA loads;
 // ", sys": system scope (with the fence, for the wait), as the fused ops' instances. As in
@@ -28,47 +29,32 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cuda/atomic>
 #include <string>
 #include <vector>
 
 #include "diag_check.hpp"
+#include "tilelink/compute/sm90/impl/signal_hooks.cuh"
 
 namespace {
+
+namespace sm90 = tilelink::compute::sm90;
 
 constexpr int kThreads = 256;
 constexpr int kSliceBytes = 64 * 1024;  // a 128x256 bf16 tile
 constexpr int kVecsPerThread = kSliceBytes / 16 / kThreads;
-constexpr long long kMaxPolls = 1ll << 26;
 
-struct Stall {  // host-mapped: where a wait gave up
-  int block;
-  unsigned long long observed;
-  int flag;
-};
-
-template <bool kWait, bool kNotify, bool kProxyFence = false,
-          cuda::thread_scope kScope = cuda::thread_scope_device>
+// Block b is tile (0, b): its wait and notify signals are slot b. The hooks are the engine's own
+// SignalHooks, called where the engine calls them: the wait by one warp (lane 0 acquires) before
+// any read, the notify by one thread after every thread's writes.
+template <class Hooks, bool kProxyFence>
 __global__ void __launch_bounds__(kThreads)
-    tile_kernel(const uint4* in, uint4* out, uint64_t* wait_signals, uint64_t* notify_signals,
-                uint64_t epoch, long long work_cycles, Stall* stall) {
+    tile_kernel(const uint4* in, uint4* out, Hooks hooks, long long work_cycles) {
   const int b = blockIdx.x;
-  if constexpr (kWait) {
-    if (threadIdx.x == 0) {
-      cuda::atomic_ref<uint64_t, kScope> sig(wait_signals[b]);
-      uint64_t seen = sig.load(cuda::memory_order_acquire);
-      for (long long polls = 0; seen < epoch; ++polls) {
-        if (polls == kMaxPolls) {
-          volatile Stall* s = stall;
-          s->block = b, s->observed = seen;
-          __threadfence_system();
-          s->flag = 1;
-          __threadfence_system();
-          __trap();
-        }
-        __nanosleep(32);
-        seen = sig.load(cuda::memory_order_acquire);
-      }
+  const tilelink::TileCoord tile{0, b};
+  if constexpr (Hooks::kWaits) {
+    if (threadIdx.x < 32) {
+      hooks.before_tile_loads(tile, tilelink::Rect{});
+      __syncwarp();
       // the engine's load warp does this after its wait, before its (async-proxy) TMA loads
       if constexpr (kProxyFence) asm volatile("fence.proxy.async.global;" ::: "memory");
     }
@@ -90,11 +76,8 @@ __global__ void __launch_bounds__(kThreads)
     dst[i * kThreads + threadIdx.x] = make_uint4(acc.x + i, acc.y, acc.z, acc.w);
   }
   __syncthreads();
-  if constexpr (kNotify) {
-    if (threadIdx.x == 0) {
-      cuda::atomic_ref<uint64_t, kScope> sig(notify_signals[b]);
-      sig.store(epoch, cuda::memory_order_release);
-    }
+  if constexpr (Hooks::kNotifies) {
+    if (threadIdx.x == 0) hooks.after_tile_stored(tile, tilelink::Rect{});
   }
 }
 
@@ -103,21 +86,43 @@ __global__ void set_signals(uint64_t* signals, int n, uint64_t epoch) {
   if (i < n) signals[i] = epoch;
 }
 
-using Kernel = void (*)(const uint4*, uint4*, uint64_t*, uint64_t*, uint64_t, long long, Stall*);
+// What every variant's hooks point at.
+struct Signals {
+  uint64_t* wait = nullptr;
+  uint64_t* notify = nullptr;
+  int tiles = 0;
+  sm90::WaitTimeout* timeout = nullptr;
+};
+
+using Launch = void (*)(const uint4*, uint4*, const Signals&, long long, int, cudaStream_t);
+template <cuda::thread_scope kScope, bool kWaits, bool kNotifies, bool kProxyFence = false>
+void launch_variant(const uint4* in, uint4* out, const Signals& s, long long work_cycles,
+                    int blocks, cudaStream_t stream) {
+  sm90::SignalHooks<kScope, kWaits, kNotifies> hooks;
+  hooks.wait_signals = kWaits ? s.wait : nullptr;
+  hooks.notify_signals = kNotifies ? s.notify : nullptr;
+  hooks.tiles_n = s.tiles;
+  hooks.epoch = 1;
+  hooks.timeout = s.timeout;
+  tile_kernel<decltype(hooks), kProxyFence>
+      <<<blocks, kThreads, 0, stream>>>(in, out, hooks, work_cycles);
+}
+
 struct Variant {
   const char* name;
-  Kernel kernel;
+  Launch launch;
 };
+constexpr auto kDev = cuda::thread_scope_device;
 constexpr auto kSys = cuda::thread_scope_system;
-const Variant kVariants[] = {{"plain", tile_kernel<false, false>},
-                             {"wait", tile_kernel<true, false>},
-                             {"wait+fence", tile_kernel<true, false, true>},
-                             {"wait, sys", tile_kernel<true, false, true, kSys>},
-                             {"notify", tile_kernel<false, true>},
-                             {"notify, sys", tile_kernel<false, true, false, kSys>},
-                             {"hooks", tile_kernel<true, true>},
-                             {"hooks+fence", tile_kernel<true, true, true>},
-                             {"plain again", tile_kernel<false, false>}};
+const Variant kVariants[] = {{"plain", launch_variant<kDev, false, false>},
+                             {"wait", launch_variant<kDev, true, false>},
+                             {"wait+fence", launch_variant<kDev, true, false, true>},
+                             {"wait, sys", launch_variant<kSys, true, false, true>},
+                             {"notify", launch_variant<kDev, false, true>},
+                             {"notify, sys", launch_variant<kSys, false, true>},
+                             {"hooks", launch_variant<kDev, true, true>},
+                             {"hooks+fence", launch_variant<kDev, true, true, true>},
+                             {"plain again", launch_variant<kDev, false, false>}};
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
 double median(std::vector<double> v) {
@@ -169,9 +174,10 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&wait_signals, blocks * sizeof(uint64_t)));
   CK(cudaMalloc(&notify_signals, blocks * sizeof(uint64_t)));
   CK(cudaMemset(notify_signals, 0, blocks * sizeof(uint64_t)));
-  Stall* stall = nullptr;
-  CK(cudaHostAlloc(&stall, sizeof(Stall), cudaHostAllocMapped));
-  std::memset(stall, 0, sizeof(Stall));
+  sm90::WaitTimeout* stall = nullptr;
+  CK(cudaHostAlloc(&stall, sizeof(sm90::WaitTimeout), cudaHostAllocMapped));
+  std::memset(stall, 0, sizeof(sm90::WaitTimeout));
+  const Signals signals{wait_signals, notify_signals, blocks, stall};
   const size_t flush_bytes = size_t(2) * prop.l2CacheSize;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
@@ -185,15 +191,14 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&start));
   CK(cudaEventCreate(&stop));
   auto launch = [&](int v) {
-    kVariants[v].kernel<<<blocks, kThreads, 0, stream>>>(in, out, wait_signals, notify_signals,
-                                                         epoch, work_cycles, stall);
+    kVariants[v].launch(in, out, signals, work_cycles, blocks, stream);
     CK(cudaGetLastError());
   };
   for (int v = 0; v < kNumVariants; ++v) launch(v);  // warm-up: modules loaded, code seen once
   const cudaError_t warm = cudaStreamSynchronize(stream);
   if (warm != cudaSuccess || stall->flag != 0) {
     std::fprintf(stderr, "signal_floor: %s%s (block %d saw %llu)\n", cudaGetErrorString(warm),
-                 stall->flag ? ", a wait timed out" : "", stall->block, stall->observed);
+                 stall->flag ? ", a wait timed out" : "", stall->tile_n, stall->observed);
     return 1;
   }
 
@@ -216,7 +221,7 @@ int main(int argc, char** argv) {
     }
   }
   if (stall->flag != 0) {
-    std::fprintf(stderr, "signal_floor: a wait timed out (block %d saw %llu)\n", stall->block,
+    std::fprintf(stderr, "signal_floor: a wait timed out (block %d saw %llu)\n", stall->tile_n,
                  stall->observed);
     return 1;
   }
@@ -234,8 +239,7 @@ int main(int argc, char** argv) {
 
   std::printf(
       "signal_floor: %s, %d blocks x %d threads, 64 KiB read + %.1f us of work + 64 KiB written a "
-      "block; "
-      "L2 flushed before every launch%s; median of %d reps\n",
+      "block; L2 flushed before every launch%s; median of %d reps\n",
       prop.name, blocks, kThreads, work_us, hot ? ", wait signals rewritten after it" : "", reps);
   std::printf("%-12s %10s %12s %10s\n", "variant", "launch us", "- plain us", "% of plain");
   const double plain = median(us[0]);
