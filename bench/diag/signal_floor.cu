@@ -91,6 +91,7 @@ struct Signals {
   uint64_t* wait = nullptr;
   uint64_t* notify = nullptr;
   int tiles = 0;
+  uint64_t epoch = 1;  // the value the wait signals hold and the notifies write
   sm90::WaitTimeout* timeout = nullptr;
 };
 
@@ -102,7 +103,7 @@ void launch_variant(const uint4* in, uint4* out, const Signals& s, long long wor
   hooks.wait_signals = kWaits ? s.wait : nullptr;
   hooks.notify_signals = kNotifies ? s.notify : nullptr;
   hooks.tiles_n = s.tiles;
-  hooks.epoch = 1;
+  hooks.epoch = s.epoch;
   hooks.timeout = s.timeout;
   tile_kernel<decltype(hooks), kProxyFence>
       <<<blocks, kThreads, 0, stream>>>(in, out, hooks, work_cycles);
@@ -177,11 +178,21 @@ int main(int argc, char** argv) {
   sm90::WaitTimeout* stall = nullptr;
   CK(cudaHostAlloc(&stall, sizeof(sm90::WaitTimeout), cudaHostAllocMapped));
   std::memset(stall, 0, sizeof(sm90::WaitTimeout));
-  const Signals signals{wait_signals, notify_signals, blocks, stall};
+  const Signals signals{wait_signals, notify_signals, blocks, 1, stall};
+  const uint64_t epoch = signals.epoch;
+  // A wait that gave up (the hooks' bound) wrote where before trapping.
+  auto stalled = [&](const char* what) {
+    if (stall->flag == 0) return false;
+    std::fprintf(stderr,
+                 "signal_floor: %s: block %d's wait (tile (%d, %d), signal slot %d) timed out, "
+                 "saw %llu, expected %llu\n",
+                 what, stall->tile_n, stall->tile_m, stall->tile_n, stall->slot, stall->observed,
+                 stall->expected);
+    return true;
+  };
   const size_t flush_bytes = size_t(2) * prop.l2CacheSize;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
-  const uint64_t epoch = 1;
   set_signals<<<(blocks + 255) / 256, 256>>>(wait_signals, blocks, epoch);
   CK(cudaGetLastError());
 
@@ -196,11 +207,8 @@ int main(int argc, char** argv) {
   };
   for (int v = 0; v < kNumVariants; ++v) launch(v);  // warm-up: modules loaded, code seen once
   const cudaError_t warm = cudaStreamSynchronize(stream);
-  if (warm != cudaSuccess || stall->flag != 0) {
-    std::fprintf(stderr, "signal_floor: %s%s (block %d saw %llu)\n", cudaGetErrorString(warm),
-                 stall->flag ? ", a wait timed out" : "", stall->tile_n, stall->observed);
-    return 1;
-  }
+  if (stalled("warm-up")) return 1;
+  CK(warm);
 
   std::vector<std::vector<double>> us(kNumVariants);
   for (int r = 0; r < reps; ++r) {
@@ -220,11 +228,7 @@ int main(int argc, char** argv) {
       us[v].push_back(ms * 1e3);
     }
   }
-  if (stall->flag != 0) {
-    std::fprintf(stderr, "signal_floor: a wait timed out (block %d saw %llu)\n", stall->tile_n,
-                 stall->observed);
-    return 1;
-  }
+  if (stalled("timed reps")) return 1;
   // The notify signals: every block must have written the epoch (the notify variants ran).
   std::vector<uint64_t> seen(blocks);
   CK(cudaMemcpy(seen.data(), notify_signals, blocks * sizeof(uint64_t), cudaMemcpyDeviceToHost));
