@@ -2,6 +2,7 @@
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/ops/gemm_ar_plan.hpp"
 
 namespace tilelink {
 
@@ -103,6 +104,43 @@ GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64
   p.ws.partial = b.add<std::byte>(push ? 0 : rows.total() * n * elem);
   p.ws.staging = b.add<std::byte>(push ? rows.world_size * rows.max_size() * n * elem : 0);
   p.ws.num_bytes = b.num_bytes();
+  return p;
+}
+
+}  // namespace tilelink
+
+namespace tilelink {
+
+GemmArPlan GemmArPlan::make(int rank, const RowPartition& rows, int64_t n, int64_t k_local, DType dtype,
+                            const GemmArConfig& config) {
+  check_common(rank, rows, n, k_local, "gemm_ar");
+  check_tile(config.gemm_tile_m, "gemm_tile_m", "gemm_ar");
+  check_tile(config.gemm_tile_n, "gemm_tile_n", "gemm_ar");
+  check_tile(config.group_m, "group_m", "gemm_ar");
+  TL_REQUIRE(config.comm_workers >= 0 && config.compute_workers >= 0,
+             "gemm_ar: worker counts must be >= 0");
+  GemmArPlan p;
+  p.rank = rank;
+  p.world_size = rows.world_size;
+  p.dtype = dtype;
+  p.n = n;
+  p.k = k_local;
+  p.config = config;
+  p.gemm = TileGrid{rows.total(), n, config.gemm_tile_m, config.gemm_tile_n};
+  const int W = rows.world_size;
+  if (config.algo == AllReduceAlgo::kTwoShot) {
+    // As GEMM+RS: one row band per owner's segment, visited in turn, the same on every rank.
+    const int group = static_cast<int>(ceil_div(config.group_m, W)) * W;
+    p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(), 0, group, W};
+  } else {
+    p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(), 0, config.group_m};
+  }
+  p.ar = AllReducePlan::make(rank, config.algo, rows, n, dtype, config.gemm_tile_m, config.gemm_tile_n,
+                             config.algo == AllReduceAlgo::kTwoShot ? 1 : config.group_m, config.band_cols);
+  LayoutBuilder b;
+  p.ar.make_layout(b);
+  p.barrier = b.add<Signal>(W);
+  p.num_bytes = b.num_bytes();
   return p;
 }
 

@@ -146,4 +146,43 @@ inline std::vector<Bytes> rs_expected_bits(const RsInputs& in, const RowPartitio
   return out;
 }
 
+// ---- GEMM+AR
+// ---------------------------------------------------------------------------------------
+// The inputs are RsInputs (A_r [M, K_r], B_r [N, K_r]); every rank's output is C [M, N].
+
+inline std::vector<Bytes> ar_outputs(int world, int64_t m, int64_t n, DType dtype) {
+  return std::vector<Bytes>(static_cast<size_t>(world),
+                            Bytes(static_cast<size_t>(m * n * dtype_size(dtype)), std::byte{0xFF}));
+}
+
+// The exact bits of every GEMM+AR path: the rank-ordered fp32 sum of the rounded partials.
+inline Bytes ar_expected_bits(const RsInputs& in, int64_t m, int64_t n, const std::vector<int64_t>& k,
+                              DType dtype) {
+  std::vector<Bytes> partial;
+  for (size_t r = 0; r < in.a.size(); ++r) {
+    partial.emplace_back(static_cast<size_t>(m * n * dtype_size(dtype)));
+    gemm_tile_cpu(in.a[r].data(), k[r], in.b[r].data(), k[r], partial[r].data(), n, dtype, m, n, k[r]);
+  }
+  Bytes out(static_cast<size_t>(m * n * dtype_size(dtype)));
+  for (int64_t i = 0; i < m * n; ++i) {
+    float acc = 0.f;
+    for (const Bytes& p : partial) acc += load_as_float(p.data(), dtype, i);
+    store_from_float(out.data(), dtype, i, acc);
+  }
+  return out;
+}
+
+// Checks every rank's C against the float64 sum_i A_i * B_i^T.
+inline void expect_ar_near_reference(const RsInputs& in, const std::vector<Bytes>& c, int64_t m, int64_t n,
+                                     const std::vector<int64_t>& k, DType dtype, const char* what) {
+  std::vector<double> sum(static_cast<size_t>(m * n), 0.0), mag(sum.size(), 0.0);
+  for (size_t r = 0; r < in.a.size(); ++r) {
+    auto part = gemm_reference_f64(in.a[r].data(), in.b[r].data(), dtype, m, n, k[r]);
+    auto part_mag = gemm_magnitude_f64(in.a[r].data(), in.b[r].data(), dtype, m, n, k[r]);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i], mag[i] += part_mag[i];
+  }
+  for (size_t r = 0; r < c.size(); ++r)
+    EXPECT_LT(error_vs_magnitude(c[r].data(), dtype, sum, mag), tolerance(dtype)) << what << " rank " << r;
+}
+
 }  // namespace tilelink::test

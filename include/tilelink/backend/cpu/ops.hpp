@@ -14,6 +14,7 @@
 
 #include "tilelink/backend/cpu/world.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
+#include "tilelink/ops/gemm_ar_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
 
 namespace tilelink::cpu {
@@ -58,6 +59,25 @@ class GemmRs {
   std::vector<GemmRsPlan> baseline_plans_;  // pull layout: the baseline reads whole partials
   SymmetricAllocation ws_;
   SymmetricAllocation baseline_ws_;
+  std::vector<uint64_t> epoch_;
+};
+
+class GemmAr {
+ public:
+  // k_per_rank[r] = K_r: A_r [M, K_r], B_r [N, K_r]. rows: the two-shot's segments (M split).
+  GemmAr(World& world, const RowPartition& rows, int64_t n, const std::vector<int64_t>& k_per_rank,
+         DType dtype, const GemmArConfig& config);
+
+  const GemmArPlan& plan(int rank) const { return plans_.at(rank); }
+
+  // Rank ctx.rank: a = A_r [M, K_r], b = B_r [N, K_r], c = C [M, N] (every rank the whole sum).
+  void run(RankContext& ctx, const void* a, const void* b, void* c);
+  // The unfused baseline: the whole partial GEMM, a barrier, then the whole sum of every row.
+  void run_unfused(RankContext& ctx, const void* a, const void* b, void* c);
+
+ private:
+  std::vector<GemmArPlan> plans_;
+  SymmetricAllocation ws_;
   std::vector<uint64_t> epoch_;
 };
 

@@ -1,0 +1,51 @@
+// Host constructor of the AllReduce comm plan: every check happens here, before anything runs.
+#include "tilelink/comm/allreduce.hpp"
+
+#include "tilelink/core/error.hpp"
+
+namespace tilelink {
+
+const char* allreduce_algo_name(AllReduceAlgo a) {
+  return a == AllReduceAlgo::kOneShot ? "one-shot" : "two-shot";
+}
+
+AllReducePlan AllReducePlan::make(int rank, AllReduceAlgo algo, const RowPartition& owners, int64_t n,
+                                  DType dtype, int producer_tile_m, int producer_tile_n, int group_m,
+                                  int band_cols) {
+  const int W = owners.world_size;
+  TL_REQUIRE(W >= 1 && W <= kMaxWorldSize, "allreduce: world size must be in [1, " << kMaxWorldSize
+                                                                                   << "], got " << W);
+  TL_REQUIRE(rank >= 0 && rank < W, "allreduce: rank " << rank << " outside a world of " << W);
+  TL_REQUIRE(owners.total() >= 1 && n >= 1,
+             "allreduce: M and N must be >= 1, got " << owners.total() << " and " << n);
+  TL_REQUIRE(producer_tile_m >= 1 && producer_tile_n >= 1 && group_m >= 1,
+             "allreduce: producer tiles " << producer_tile_m << "x" << producer_tile_n << " and group "
+                                          << group_m << " must be >= 1");
+  TL_REQUIRE(band_cols >= 8 && band_cols % 8 == 0 && band_cols <= (1 << 20),
+             "allreduce: band_cols must be a multiple of 8 in [8, 2^20], got " << band_cols);
+  AllReducePlan p;
+  p.rank = rank;
+  p.world_size = W;
+  p.dtype = dtype;
+  p.algo = algo;
+  p.m = owners.total();
+  p.n = n;
+  p.owners = owners;
+  p.producer = TileGrid{p.m, n, producer_tile_m, producer_tile_n};
+  p.band_cols = band_cols;
+  p.group_bands = static_cast<int>(ceil_div(static_cast<int64_t>(group_m) * producer_tile_m, p.band_rows));
+  for (int r = 0; r < W; ++r) p.max_items = p.items_of(r) > p.max_items ? p.items_of(r) : p.max_items;
+  return p;
+}
+
+void AllReducePlan::make_layout(LayoutBuilder& b) {
+  const int64_t bytes = m * n * dtype_size(dtype);
+  const bool two = algo == AllReduceAlgo::kTwoShot;
+  f.partial = b.add<std::byte>(bytes);
+  f.tile_done = b.add<Signal>(producer.num_tiles());
+  f.reduced = b.add<std::byte>(two ? bytes : 0);
+  f.band_ready = b.add<Signal>(two ? max_items : 0);
+  f.claims = b.add<uint64_t>(2);
+}
+
+}  // namespace tilelink
