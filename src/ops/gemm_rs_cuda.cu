@@ -6,6 +6,7 @@
 #include "call_epochs.hpp"
 #include "engine_prep.cuh"
 #include "rank_lanes.hpp"
+#include "cuda/tile_done_hooks.cuh"
 
 #include <cuda/atomic>
 
@@ -21,28 +22,7 @@ namespace tilelink::cuda {
 
 namespace {
 
-// The compute program's link to the reduce program: after a tile's epilogue, tile_done[t] = epoch.
-// NOTE: call-free (a function call in the kernel serialises its wgmma: bench/notes/gemm.md).
-struct GemmRsNotifyHooks {
-  static constexpr bool kWaits = false;
-  static constexpr bool kNotifies = true;
-  Signal* tile_done = nullptr;  // this rank's
-  int tiles_n = 0;
-  Epoch call;  // read per tile: a graph replay's epoch is on the device
-
-  __device__ void after_tile_stored(TileCoord tile, Rect) {
-    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(tile_done[tile.m * tiles_n + tile.n]);
-    sig.store(call.value(), ::cuda::memory_order_release);
-  }
-};
-
-// The baseline's publication of a whole partial: every tile_done = epoch (release, system scope).
-__global__ void set_signals_kernel(Signal* signals, int count, Epoch epoch) {
-  const uint64_t value = epoch.value();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
-    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(signals[i]).store(value, ::cuda::memory_order_release);
-}
-TL_REGISTER_KERNELS(set_signals_kernel);
+using GemmRsNotifyHooks = detail::TileDoneNotifyHooks;
 
 }  // namespace
 
@@ -257,9 +237,8 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
     const GemmRsPlan& p = plans_[r];
     detail::cublas_gemm_bf16_tn(lanes_->cublas(r), a[r], b[r], ws_.view(r).local(p.ws.partial), p.m(),
                                 p.n, p.k);
-    set_signals_kernel<<<ceil_div(p.gemm.num_tiles(), 256), 256, 0, world_.stream(r)>>>(
-        ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), epochs_->epoch(r, 2));
-    TL_CUDA_CHECK(cudaGetLastError());
+    detail::launch_set_signals(ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), epochs_->epoch(r, 2),
+                               world_.stream(r));
   }
   for (int r : world_.local_ranks()) {  // the ReduceScatter, on all the rank's SMs
     const GemmRsPlan& p = plans_[r];

@@ -186,6 +186,16 @@ class RankLanes {
     TL_NCCL_CHECK(ncclGroupEnd());
   }
 
+  // AllReduce (sum, bf16) of `count` elements: send[r] -> recv[r] on every local rank's stream.
+  void nccl_all_reduce(int64_t count, const std::vector<const void*>& send, const std::vector<void*>& recv) {
+    require_nccl("AllReduce");
+    TL_NCCL_CHECK(ncclGroupStart());
+    for (int r : world_.local_ranks())
+      TL_NCCL_CHECK(ncclAllReduce(send[r], recv[r], static_cast<size_t>(count), ncclBfloat16, ncclSum, nccl_[r],
+                                  world_.stream(r)));
+    TL_NCCL_CHECK(ncclGroupEnd());
+  }
+
  private:
   static bool even(const RowPartition& rows) {
     for (int r = 1; r < rows.world_size; ++r)

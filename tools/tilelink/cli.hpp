@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -37,13 +38,13 @@ class Args {
   std::vector<std::string> positional_;
 };
 
-using CommandFn = int (*)(Args& args);
+using CommandFn = std::function<int(Args& args)>;
 
 struct Command {
   std::string path;     // e.g. "bench gemm"
   std::string usage;    // one line of options
   std::string summary;  // what it does
-  CommandFn fn = nullptr;
+  CommandFn fn;
   std::vector<std::string> flags;  // option names that take no value
 };
 

@@ -1,6 +1,7 @@
-// `tilelink run ag_gemm|gemm_rs --backend cuda` and `tilelink bench ag_gemm|gemm_rs`: the fused op on
-// the CUDA backend, checked, and timed against the unfused baseline and the ideal bound in the same
-// run. One world serves every shape of `--shapes`.
+// `tilelink run <op> --backend cuda` and `tilelink bench <op>` for every registered op
+// (op_registry.hpp): the fused op on the CUDA backend, checked, and timed against the unfused
+// baseline and the ideal bound in the same run. One world serves every shape of `--shapes`. Nothing
+// here is written per op: an op's OpSpec and CudaOpRun adapter (ops_cuda.cu) say everything.
 //
 // Baselines (ops/baseline_cuda.hpp): cuBLAS+NCCL on the peer and ipc transports, cuBLAS + the op's
 // own collective on the virtual one (copy-engine AllGather; SM reduce for the ReduceScatter).
@@ -22,13 +23,13 @@
 #endif
 
 #include "cli.hpp"
+#include "floor_probe.hpp"
+#include "op_registry.hpp"
 #include "problem.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/core/error.hpp"
-#include "tilelink/ops/ag_gemm_cuda.hpp"
 #include "tilelink/ops/baseline_cuda.hpp"
-#include "tilelink/ops/gemm_rs_cuda.hpp"
 
 namespace tilelink::cli {
 
@@ -178,26 +179,31 @@ struct BenchRow {
   double t_base, t_comm, t_gemm, t_fused;
   OpPath chosen;
   double t_together = NAN;  // the parts side by side, unlinked (AG+GEMM only; NAN: not measured)
+  double t_floor = NAN;     // the op's floor (FloorProbe; NAN: none)
 };
 
 void print_table(const std::vector<BenchRow>& rows) {
   // "together": both parts launched as the fused call launches them, the GEMM not waiting for the
   // comm: what their contention alone costs (fused minus together is what the waits cost).
+  bool floors = false;
+  for (const BenchRow& r : rows) floors = floors || !std::isnan(r.t_floor);
+  // "floor": a signal round trip plus the peers' bytes read at the measured per-SM rate on every SM
+  // of the rank (FloorProbe): no fused call can be faster.
   std::printf(
       "\n| op | transport | world | M | N | K | baseline | baseline ms | T_comm ms | T_gemm ms | "
       "ideal ms | together ms | fused ms | speedup | overlap eff. | fused TFLOP/s | auto path | "
-      "auto ms |\n");
+      "auto ms |%s\n", floors ? " floor ms | fused / floor |" : "");
   std::printf(
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-      "--- | --- | --- |\n");
+      "--- | --- | --- |%s\n", floors ? " --- | --- |" : "");
   for (const BenchRow& r : rows) {
     if (std::isnan(r.t_fused)) {  // --baseline-only
       std::printf(
           "| %s | %s | %d | %lld | %lld | %lld | %s | %.3f | - | - | - | - | - | - | - | - | - | - "
-          "|\n",
+          "|%s\n",
           r.op, r.transport.c_str(), r.world, static_cast<long long>(r.p.m),
           static_cast<long long>(r.p.n), static_cast<long long>(r.p.k), r.baseline.c_str(),
-          r.t_base);
+          r.t_base, floors ? " - | - |" : "");
       continue;
     }
     const double ideal = std::max(r.t_gemm, r.t_comm);
@@ -212,11 +218,16 @@ void print_table(const std::vector<BenchRow>& rows) {
     if (!std::isnan(r.t_together)) std::snprintf(together, sizeof(together), "%.3f", r.t_together);
     std::printf(
         "| %s | %s | %d | %lld | %lld | %lld | %s | %.3f | %.3f | %.3f | %.3f | %s | %.3f | %.2fx "
-        "| %s | %.0f | %s | %.3f |\n",
+        "| %s | %.0f | %s | %.3f |",
         r.op, r.transport.c_str(), r.world, static_cast<long long>(r.p.m),
         static_cast<long long>(r.p.n), static_cast<long long>(r.p.k), r.baseline.c_str(), r.t_base,
         r.t_comm, r.t_gemm, ideal, together, r.t_fused, r.t_base / r.t_fused, eff,
         flops / (r.t_fused * 1e9), op_path_name(r.chosen), t_auto);
+    if (floors) {
+      if (std::isnan(r.t_floor)) std::printf(" - | - |");
+      else std::printf(" %.4f | %.2f |", r.t_floor, r.t_fused / r.t_floor);
+    }
+    std::printf("\n");
   }
   std::fflush(stdout);
 }
@@ -256,91 +267,27 @@ bool report_check(const tlc::World& world, const OpProblem& p, const std::string
   return all_ranks(world, ok);
 }
 
-// A timed piece of a call (bench): its label on the bench line, and its enqueue.
-struct TimedPart {
-  const char* label;
-  std::function<void()> enqueue;
-};
-
-// The rest of one shape, the same for both ops: the check's verdict, the path choice, and (bench)
-// one row: the baseline, the two parts alone in the order given (`comm` is the index of the
-// communication part; the other is the GEMM alone, also the world-1 overhead's bare engine), the
-// fused op, and (where given, world > 1) `together`: the fused call with its GEMM not waiting.
-// False when the check fails.
-template <class Op>
-bool finish_shape(tlc::World& world, const char* name, const OpProblem& p, Op& op,
-                  const std::string& baseline, bool ok, bool bench, int warmup, int iters,
-                  std::vector<BenchRow>* rows, const std::function<void()>& unfused,
-                  const TimedPart (&parts)[2], int comm, const std::function<void()>& fused,
-                  const std::function<void()>& together = {}) {
-  const PathChoice choice = op.choose(p.path);
-  if (printer(world)) {
-    std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path), choice.why.c_str());
-    std::fflush(stdout);
-  }
-  if (!ok || !bench) return ok;
-
-  // Bench: baseline, the parts alone, fused; all in this run.
-  const std::string n(name);
-  const double t_base = time_per_call_ms(world, (n + "(unfused)").c_str(), warmup, iters, unfused);
-  if (p.baseline_only) {
-    if (printer(world)) std::printf("  bench: baseline %.3f ms (baseline only)\n", t_base), std::fflush(stdout);
-    rows->push_back({name, tlc::transport_name(world.transport()), baseline, world.size(), p, t_base, NAN, NAN, NAN,
-                     choice.path});
-    return true;
-  }
-  double t_part[2];
-  for (int i = 0; i < 2; ++i)
-    t_part[i] = time_per_call_ms(world, (n + "(" + parts[i].label + ")").c_str(), warmup, iters, parts[i].enqueue);
-  const double t_fused = time_per_call_ms(world, name, warmup, iters, fused);
-  const double t_together =
-      together && world.size() > 1
-          ? time_per_call_ms(world, (n + "(together)").c_str(), warmup, iters, together)
-          : NAN;
-  print_world1_overhead(world, name, iters, parts[1 - comm].enqueue, fused);
-  if (printer(world)) {
-    std::printf("  bench: baseline %.3f ms, %s %.3f ms, %s %.3f ms, fused %.3f ms", t_base,
-                parts[0].label, t_part[0], parts[1].label, t_part[1], t_fused);
-    if (!std::isnan(t_together)) std::printf(", together (unlinked) %.3f ms", t_together);
-    std::printf("\n");
-    std::fflush(stdout);
-  }
-  rows->push_back({name, tlc::transport_name(world.transport()), baseline, world.size(), p, t_base,
-                   t_part[comm], t_part[1 - comm], t_fused, choice.path, t_together});
-  return true;
-}
-
-// One AG+GEMM shape on `world`: check, then (bench) time. False when the check fails.
-bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& baseline, bool bench, int warmup,
-                   int iters, std::vector<BenchRow>* rows) {
+// One shape of any op on `world`: check (fused vs the baseline always; both vs float64 where the
+// reference is cheap enough), the path choice, then (bench) one row: the baseline, the two parts
+// alone, the fused op, "together" where the op has it, and the floor where the op reads peers'
+// bytes. False when the check fails.
+bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const std::string& baseline, bool bench,
+              int warmup, int iters, std::vector<BenchRow>* rows, FloorProbe* floor) {
   const int W = world.size();
-  AgGemmConfig cfg;
-  cfg.mode = p.mode;
-  // --variant auto: push on separate GPUs (peer, ipc) with the copy engine (the GEMM then reads the
-  // rank's own rows from A_r and starts at once: 1.02-1.09x vs pull's 0.95-1.04x on peer,
-  // bench/notes/fused_ops_cuda.md), pull elsewhere.
-  if (p.mode_auto && world.transport() != tlc::Transport::kVirtual && p.comm_sms == 0)
-    cfg.mode = CommMode::kPush;
-  cfg.comm_workers = p.comm_sms;  // 0: the copy engine
-  cfg.compute_workers = 0;  // the GEMM takes the rank's SMs less the copy engine's spare ones
-  // Without --comm-tile: about 4 tiles a segment, multiples of 128 rows. Each copy-engine tile costs
-  // ~25 us of stream waits and launches (bench/notes/fused_ops_cuda.md): 64-row tiles made the comm
-  // program 7x slower than 1024-row ones at 8192x11008x4096 on two H200s.
-  cfg.comm_tile_rows = p.comm_tile_auto
-                           ? static_cast<int>(std::clamp<int64_t>(round_up(ceil_div(p.rows.max_size(), 4), 128), 128, 4096))
-                           : p.comm_tile;
-  tlc::AgGemm op(world, p.rows, p.split, p.k, DType::kBF16, cfg);
+  std::unique_ptr<CudaOpRun> op = spec.make_cuda(world, p);
   trace(world, "op made");
-  const int64_t M = p.m;
-  const bool with_ref = static_cast<double>(M) * p.n * p.k <= 2e10;
+  const bool with_ref = static_cast<double>(p.m) * p.n * p.k <= 2e10;
+  auto a_rows = [&](int r) { return spec.split_n ? p.rows.size(r) : p.m; };
+  auto a_cols = [&](int r) { return spec.split_n ? p.k : p.split[r]; };
+  auto b_rows = [&](int r) { return spec.split_n ? p.split[r] : p.n; };
 
   // Inputs: fresh random bf16 per rank (generated on the host, so a reference can be computed).
   std::vector<std::vector<std::byte>> ha(W), hb(W);
   for (int r = 0; r < W; ++r) {
     if (!with_ref && !world.is_local(r)) continue;
     std::mt19937_64 rng = rank_rng(p.seed, r);
-    ha[r] = random_matrix(p.rows.size(r), p.k, DType::kBF16, rng);
-    hb[r] = random_matrix(p.split[r], p.k, DType::kBF16, rng);
+    ha[r] = random_matrix(a_rows(r), a_cols(r), DType::kBF16, rng);
+    hb[r] = random_matrix(b_rows(r), a_cols(r), DType::kBF16, rng);
   }
   RankAllocs mem(world);
   Buffers buf;
@@ -351,91 +298,7 @@ bool ag_gemm_shape(tlc::World& world, const OpProblem& p, const std::string& bas
   for (int r : world.local_ranks()) {
     buf.a[r] = mem.upload(r, ha[r]);
     buf.b[r] = mem.upload(r, hb[r]);
-    buf.c[r] = mem.poisoned(r, M * p.split[r] * 2);
-    buf.c_ref[r] = mem.poisoned(r, M * p.split[r] * 2);
-  }
-  for (int r : world.local_ranks()) { world.bind(r); TL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
-  // Check: fused vs the baseline always; both vs float64 where the reference is cheap enough.
-  trace(world, "inputs ready");
-  if (!p.baseline_only) {
-    op.run(buf.a, buf.b, buf.c);
-    world.sync("ag_gemm");
-    trace(world, "fused call done");
-  }
-  op.run_unfused(buf.a, buf.b, buf.c_ref);
-  world.sync("ag_gemm(unfused)");
-  trace(world, "unfused call done");
-  std::vector<std::byte> a_full;
-  if (with_ref)
-    for (int r = 0; r < W; ++r) a_full.insert(a_full.end(), ha[r].begin(), ha[r].end());
-  double err_base = 0, err_ref = 0, err_base_ref = 0;
-  for (int r : world.local_ranks()) {
-    std::vector<std::byte> c(M * p.split[r] * 2), c_ref(c.size());
-    world.bind(r);
-    TL_CUDA_CHECK(cudaMemcpy(c.data(), buf.c[r], c.size(), cudaMemcpyDeviceToHost));
-    TL_CUDA_CHECK(cudaMemcpy(c_ref.data(), buf.c_ref[r], c.size(), cudaMemcpyDeviceToHost));
-    if (!p.baseline_only) {
-      std::vector<double> base(c.size() / 2);
-      for (size_t i = 0; i < base.size(); ++i) base[i] = load_as_float(c_ref.data(), DType::kBF16, i);
-      err_base = std::max(err_base, relative_error(c.data(), DType::kBF16, base));
-    }
-    if (with_ref) {
-      auto ref = gemm_reference_f64(a_full.data(), hb[r].data(), DType::kBF16, M, p.split[r], p.k);
-      if (!p.baseline_only) err_ref = std::max(err_ref, relative_error(c.data(), DType::kBF16, ref));
-      err_base_ref = std::max(err_base_ref, relative_error(c_ref.data(), DType::kBF16, ref));
-    }
-  }
-  const int r0 = world.local_ranks()[0];
-  if (printer(world)) {
-    std::printf("%s\n  transport=%s, SMs per rank=%d: GEMM on %d, comm %s, comm tiles of %d rows%s; baseline %s\n",
-                describe(p).c_str(), tlc::transport_name(world.transport()), world.sm_count(r0), op.gemm_sms(r0),
-                p.comm_sms ? ("on " + std::to_string(p.comm_sms) + " SMs (bulk copies)").c_str()
-                           : "on the copy engine",
-                cfg.comm_tile_rows, p.comm_tile_auto ? " (auto)" : "", baseline.c_str());
-  }
-  const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
-  return finish_shape(
-      world, "ag_gemm", p, op, baseline, ok, bench, warmup, iters, rows,
-      [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); },
-      {{"comm", [&] { op.run_comm_only(buf.a); }},
-       {"gemm", [&] { op.run_gemm_only(buf.a, buf.b, buf.c); }}},
-      0, [&] { op.run(buf.a, buf.b, buf.c); }, [&] { op.run_unlinked(buf.a, buf.b, buf.c); });
-}
-
-// One GEMM+RS shape on `world`: check, then (bench) time. False when the check fails.
-bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& baseline, bool bench, int warmup,
-                   int iters, std::vector<BenchRow>* rows) {
-  const int W = world.size();
-  GemmRsConfig cfg;
-  cfg.mode = p.mode;  // pull: the owners read peers' partials; push: the producers write them
-  // The reduce (and push: the pushers) run on SMs: --comm-sms, or 0 = the op's choice (pull: the
-  // cost model's, per shape; push: a quarter of the SMs, 2..16).
-  cfg.comm_workers = p.comm_sms;
-  cfg.compute_workers = 0;
-  cfg.comm_tile_rows = p.comm_tile_auto ? 128 : p.comm_tile;  // the reduce tiles' rows
-  tlc::GemmRs op(world, p.rows, p.n, p.split, DType::kBF16, cfg);
-  trace(world, "op made");
-  const int64_t M = p.m, N = p.n;
-  const bool with_ref = static_cast<double>(M) * N * p.k <= 2e10;
-
-  std::vector<std::vector<std::byte>> ha(W), hb(W);
-  for (int r = 0; r < W; ++r) {
-    if (!with_ref && !world.is_local(r)) continue;
-    std::mt19937_64 rng = rank_rng(p.seed, r);
-    ha[r] = random_matrix(M, p.split[r], DType::kBF16, rng);
-    hb[r] = random_matrix(N, p.split[r], DType::kBF16, rng);
-  }
-  RankAllocs mem(world);
-  Buffers buf;
-  buf.a.assign(W, nullptr);
-  buf.b.assign(W, nullptr);
-  buf.c.assign(W, nullptr);
-  buf.c_ref.assign(W, nullptr);
-  for (int r : world.local_ranks()) {
-    buf.a[r] = mem.upload(r, ha[r]);
-    buf.b[r] = mem.upload(r, hb[r]);
-    const int64_t bytes = p.rows.size(r) * N * 2 + 16;
+    const int64_t bytes = spec.c_rows_of(p, r) * spec.c_cols(p, r) * 2 + 16;
     buf.c[r] = mem.poisoned(r, bytes);
     buf.c_ref[r] = mem.poisoned(r, bytes);
   }
@@ -443,30 +306,35 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
 
   trace(world, "inputs ready");
   if (!p.baseline_only) {
-    op.run(buf.a, buf.b, buf.c);
-    world.sync("gemm_rs");
+    op->run(buf.a, buf.b, buf.c);
+    world.sync(p.op.c_str());
     trace(world, "fused call done");
   }
-  op.run_unfused(buf.a, buf.b, buf.c_ref);
-  world.sync("gemm_rs(unfused)");
+  op->run_unfused(buf.a, buf.b, buf.c_ref);
+  world.sync((p.op + "(unfused)").c_str());
   trace(world, "unfused call done");
-  double err_base = 0, err_ref = 0, err_base_ref = 0;
+
+  // The float64 reference: N split, AllGather(A) * B_r^T; K split, rows of [A_0 ..] [B_0 ..]^T.
+  std::vector<std::byte> a_full;
   std::vector<double> full;
-  if (with_ref) {  // C = [A_0 .. A_W-1] [B_0 .. B_W-1]^T over the whole K
-    std::vector<std::byte> a_cat(M * p.k * 2), b_cat(N * p.k * 2);
+  if (with_ref && spec.split_n) {
+    for (int r = 0; r < W; ++r) a_full.insert(a_full.end(), ha[r].begin(), ha[r].end());
+  } else if (with_ref) {
+    std::vector<std::byte> a_cat(p.m * p.k * 2), b_cat(p.n * p.k * 2);
     int64_t k0 = 0;
     for (int r = 0; r < W; ++r) {
       const int64_t kr = p.split[r];
-      for (int64_t i = 0; i < M; ++i) std::memcpy(&a_cat[(i * p.k + k0) * 2], &ha[r][i * kr * 2], kr * 2);
-      for (int64_t i = 0; i < N; ++i) std::memcpy(&b_cat[(i * p.k + k0) * 2], &hb[r][i * kr * 2], kr * 2);
+      for (int64_t i = 0; i < p.m; ++i) std::memcpy(&a_cat[(i * p.k + k0) * 2], &ha[r][i * kr * 2], kr * 2);
+      for (int64_t i = 0; i < p.n; ++i) std::memcpy(&b_cat[(i * p.k + k0) * 2], &hb[r][i * kr * 2], kr * 2);
       k0 += kr;
     }
-    full = gemm_reference_f64(a_cat.data(), b_cat.data(), DType::kBF16, M, N, p.k);
+    full = gemm_reference_f64(a_cat.data(), b_cat.data(), DType::kBF16, p.m, p.n, p.k);
   }
+  double err_base = 0, err_ref = 0, err_base_ref = 0;
   for (int r : world.local_ranks()) {
-    const int64_t mr = p.rows.size(r);
-    if (mr == 0) continue;
-    std::vector<std::byte> c(mr * N * 2), c_ref(c.size());
+    const int64_t rows_r = spec.c_rows_of(p, r), cols_r = spec.c_cols(p, r);
+    if (rows_r == 0) continue;
+    std::vector<std::byte> c(rows_r * cols_r * 2), c_ref(c.size());
     world.bind(r);
     TL_CUDA_CHECK(cudaMemcpy(c.data(), buf.c[r], c.size(), cudaMemcpyDeviceToHost));
     TL_CUDA_CHECK(cudaMemcpy(c_ref.data(), buf.c_ref[r], c.size(), cudaMemcpyDeviceToHost));
@@ -476,33 +344,77 @@ bool gemm_rs_shape(tlc::World& world, const OpProblem& p, const std::string& bas
       err_base = std::max(err_base, relative_error(c.data(), DType::kBF16, base));
     }
     if (with_ref) {
-      std::vector<double> ref(full.begin() + p.rows.begin(r) * N, full.begin() + p.rows.end(r) * N);
+      std::vector<double> ref;
+      if (spec.split_n) {
+        ref = gemm_reference_f64(a_full.data(), hb[r].data(), DType::kBF16, p.m, cols_r, p.k);
+      } else {
+        const int64_t row0 = spec.c_row0_of(p, r);
+        ref.assign(full.begin() + row0 * p.n, full.begin() + (row0 + rows_r) * p.n);
+      }
       if (!p.baseline_only) err_ref = std::max(err_ref, relative_error(c.data(), DType::kBF16, ref));
       err_base_ref = std::max(err_base_ref, relative_error(c_ref.data(), DType::kBF16, ref));
     }
   }
   const int r0 = world.local_ranks()[0];
   if (printer(world)) {
-    std::printf(
-        "%s\n  transport=%s, SMs per rank=%d: GEMM on %d, %s on %d, reduce tiles of %d rows; "
-        "baseline %s\n",
-        describe(p).c_str(), tlc::transport_name(world.transport()), world.sm_count(r0),
-        op.gemm_sms(r0), cfg.mode == CommMode::kPush ? "push+reduce" : "reduce",
-        op.plan(r0).config.comm_workers, cfg.comm_tile_rows, baseline.c_str());
+    std::printf("%s\n  transport=%s, SMs per rank=%d: %s; baseline %s\n", describe(p).c_str(),
+                tlc::transport_name(world.transport()), world.sm_count(r0), op->config(r0).c_str(), baseline.c_str());
+    std::fflush(stdout);
   }
   const bool ok = report_check(world, p, baseline, with_ref, err_base, err_ref, err_base_ref);
-  // NOTE: the GEMM part first: the reduce alone needs the tile_done signals it sets.
-  return finish_shape(world, "gemm_rs", p, op, baseline, ok, bench, warmup, iters, rows,
-                      [&] { op.run_unfused(buf.a, buf.b, buf.c_ref); },
-                      {{"gemm", [&] { op.run_gemm_only(buf.a, buf.b); }}, {"reduce", [&] { op.run_reduce_only(buf.c); }}},
-                      1, [&] { op.run(buf.a, buf.b, buf.c); });
+  const PathChoice choice = op->choose(p.path);
+  if (printer(world)) {
+    std::printf("  path (--path %s): %s, %s\n", op_path_name(p.path), op_path_name(choice.path), choice.why.c_str());
+    std::fflush(stdout);
+  }
+  if (!ok || !bench) return ok;
+
+  // Bench: baseline, the parts alone, fused; all in this run.
+  const std::string& n = p.op;
+  auto unfused = [&] { op->run_unfused(buf.a, buf.b, buf.c_ref); };
+  auto fused = [&] { op->run(buf.a, buf.b, buf.c); };
+  const double t_base = time_per_call_ms(world, (n + "(unfused)").c_str(), warmup, iters, unfused);
+  BenchRow row{spec.name.c_str(), tlc::transport_name(world.transport()), baseline, world.size(), p, t_base,
+               NAN, NAN, NAN, choice.path};
+  if (p.baseline_only) {
+    if (printer(world)) std::printf("  bench: baseline %.3f ms (baseline only)\n", t_base), std::fflush(stdout);
+    rows->push_back(row);
+    return true;
+  }
+  const std::vector<TimedPart> parts = op->parts(buf.a, buf.b, buf.c);
+  const int comm = op->comm_part();
+  double t_part[2];
+  for (int i = 0; i < 2; ++i)
+    t_part[i] = time_per_call_ms(world, (n + "(" + parts[i].label + ")").c_str(), warmup, iters, parts[i].enqueue);
+  const double t_fused = time_per_call_ms(world, n.c_str(), warmup, iters, fused);
+  const std::function<void()> together = op->together(buf.a, buf.b, buf.c);
+  const double t_together = together && world.size() > 1
+                                ? time_per_call_ms(world, (n + "(together)").c_str(), warmup, iters, together)
+                                : NAN;
+  print_world1_overhead(world, n.c_str(), iters, parts[1 - comm].enqueue, fused);
+  const double peer_bytes = op->peer_bytes(r0);
+  if (floor && world.size() > 1 && !std::isnan(peer_bytes))
+    row.t_floor = floor->floor_ms(peer_bytes);
+  if (printer(world)) {
+    std::printf("  bench: baseline %.3f ms, %s %.3f ms, %s %.3f ms, fused %.3f ms", t_base, parts[0].label.c_str(),
+                t_part[0], parts[1].label.c_str(), t_part[1], t_fused);
+    if (!std::isnan(t_together)) std::printf(", together (unlinked) %.3f ms", t_together);
+    if (!std::isnan(row.t_floor)) std::printf(", floor %.4f ms", row.t_floor);
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  row.t_comm = t_part[comm];
+  row.t_gemm = t_part[1 - comm];
+  row.t_fused = t_fused;
+  row.t_together = t_together;
+  rows->push_back(row);
+  return true;
 }
 
-using ShapeFn = bool (*)(tlc::World&, const OpProblem&, const std::string&, bool, int, int, std::vector<BenchRow>*);
-
-int run_shapes(const std::vector<OpProblem>& ps, const std::string& transport_name, bool bench, int warmup,
-               int iters, ShapeFn shape, const char* own_baseline) {
+int run_shapes(const OpSpec& spec, const std::vector<OpProblem>& ps, const std::string& transport_name, bool bench,
+               int warmup, int iters) {
   TL_REQUIRE(!ps.empty(), "no shape to run");
+  TL_REQUIRE(spec.make_cuda, spec.name << " has no CUDA implementation in this build");
   const OpProblem& p0 = ps.front();
   TL_REQUIRE(p0.dtype == DType::kBF16, p0.op << " on the CUDA backend takes --dtype bf16");
   TL_REQUIRE(!bench || (warmup >= 0 && iters >= 1), "--warmup must be >= 0 and --bench-iters >= 1");
@@ -516,12 +428,22 @@ int run_shapes(const std::vector<OpProblem>& ps, const std::string& transport_na
                                                      << " ranks (under mpirun: -np must equal --world)");
   // NOTE: collective under ipc, like everything below: every rank runs the same shapes in order.
   const std::string baseline =
-      tlc::baseline_comm(world) == tlc::BaselineComm::kNccl ? "cuBLAS+NCCL" : own_baseline;
+      tlc::baseline_comm(world) == tlc::BaselineComm::kNccl ? "cuBLAS+NCCL" : spec.own_baseline;
+  std::unique_ptr<FloorProbe> floor;
+  if (bench && world.size() > 1 && !p0.baseline_only) {
+    floor = std::make_unique<FloorProbe>(world);
+    if (printer(world)) {
+      std::printf("floor probe (ranks 0 and 1): signal round trip %.2f us, peer reads %.1f GB/s an SM, %.1f GB/s on "
+                  "the rank's %d SMs\n",
+                  floor->round_trip_us(), floor->read_gbps_per_sm(), floor->read_gbps_all(), world.sm_count(0));
+      std::fflush(stdout);
+    }
+  }
   std::vector<BenchRow> rows;
   int failed = 0;
   for (const OpProblem& p : ps) {
     try {
-      if (!shape(world, p, baseline, bench, warmup, iters, &rows)) ++failed;
+      if (!op_shape(spec, world, p, baseline, bench, warmup, iters, &rows, floor.get())) ++failed;
     } catch (const std::exception& e) {
       // NOTE: device work may be left that never finishes (a stream wait on a signal that will not
       // come; after a timeout the world is unusable), and tearing down would block on it (cudaFree
@@ -546,49 +468,26 @@ int run_shapes(const std::vector<OpProblem>& ps, const std::string& transport_na
 
 }  // namespace
 
-int run_ag_gemm_cuda(const std::vector<OpProblem>& ps, const std::string& transport_name, bool bench, int warmup,
-                     int iters) {
-  return run_shapes(ps, transport_name, bench, warmup, iters, &ag_gemm_shape, "cuBLAS+copy engine");
+int run_op_cuda(const OpSpec& spec, const std::vector<OpProblem>& ps, const std::string& transport, bool bench,
+                int warmup, int iters) {
+  return run_shapes(spec, ps, transport, bench, warmup, iters);
 }
 
-int run_gemm_rs_cuda(const std::vector<OpProblem>& ps, const std::string& transport_name, bool bench, int warmup,
-                     int iters) {
-  return run_shapes(ps, transport_name, bench, warmup, iters, &gemm_rs_shape, "cuBLAS+SM reduce");
-}
-
-namespace {
-
-int bench_op(Args& args, const char* op) {
-  OpProblem p = parse_problem(args, op);
+int bench_op_command(Args& args, const OpSpec& spec) {
+  OpProblem p = parse_problem(args, spec.name, spec.variants, spec.split_n);
   std::string transport = args.get("--transport", "auto");
   std::string shapes = args.get("--shapes", "");
   int warmup = static_cast<int>(args.get_int("--warmup", 3));
   int iters = static_cast<int>(args.get_int("--bench-iters", 10));
   args.finish();
-  TL_REQUIRE(p.backend != "cpu", "bench " << op << " measures the CUDA backend; use `run` for the CPU");
+  TL_REQUIRE(p.backend != "cpu", "bench " << spec.name << " measures the CUDA backend; use `run` for the CPU");
   p.backend = "cuda";
   if (!shapes.empty()) {
     const RowPartition even = RowPartition::even(p.m, p.world);
     for (int r = 0; r < p.world; ++r)
       TL_REQUIRE(even.size(r) == p.rows.size(r), "--m-split does not combine with --shapes (each shape splits M evenly)");
   }
-  const std::vector<OpProblem> ps = expand_shapes(p, shapes);
-  return std::string(op) == "ag_gemm" ? run_ag_gemm_cuda(ps, transport, true, warmup, iters)
-                                      : run_gemm_rs_cuda(ps, transport, true, warmup, iters);
+  return run_shapes(spec, expand_shapes(p, shapes), transport, true, warmup, iters);
 }
-
-int bench_ag_gemm(Args& args) { return bench_op(args, "ag_gemm"); }
-int bench_gemm_rs(Args& args) { return bench_op(args, "gemm_rs"); }
-
-}  // namespace
-
-TILELINK_REGISTER_COMMAND("bench gemm_rs",
-                          "[run's options, --baseline-only: the baseline alone] [--shapes MxNxK,... (instead of -m -n -k; even M split)] [--comm-sms K (reduce SMs; default: pull, the cost model's per shape; push, min(16, SMs/4))] [--transport auto|virtual|peer|ipc] [--warmup W] [--bench-iters I]",
-                          "fused GEMM+RS on the GPU: baseline (cuBLAS+NCCL on peer/ipc), parts, ideal, fused, speedup", &bench_gemm_rs,
-                          {"--baseline-only"});
-TILELINK_REGISTER_COMMAND("bench ag_gemm",
-                          "[run's options, --baseline-only: the baseline alone] [--shapes MxNxK,... (instead of -m -n -k; even M split)] [--comm-sms K] [--transport auto|virtual|peer|ipc] [--warmup W] [--bench-iters I]",
-                          "fused AG+GEMM on the GPU: baseline (cuBLAS+NCCL on peer/ipc), parts, ideal, fused, speedup", &bench_ag_gemm,
-                          {"--baseline-only"});
 
 }  // namespace tilelink::cli

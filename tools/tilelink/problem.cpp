@@ -8,9 +8,10 @@
 
 namespace tilelink::cli {
 
-OpProblem parse_problem(Args& args, const std::string& op) {
+OpProblem parse_problem(Args& args, const std::string& op, const std::vector<std::string>& variants, bool split_n) {
   OpProblem p;
   p.op = op;
+  p.split_n = split_n;
   p.backend = args.get("--backend", "auto");
   TL_REQUIRE(p.backend == "auto" || p.backend == "cpu" || p.backend == "cuda",
              "--backend must be auto, cpu or cuda, got '" << p.backend << "'");
@@ -24,11 +25,16 @@ OpProblem parse_problem(Args& args, const std::string& op) {
              "-m, -n and -k must be >= 1, got " << p.m << ", " << p.n << ", " << p.k);
   std::string dt = args.get("--dtype", "bf16");
   TL_REQUIRE(parse_dtype(dt, &p.dtype), "--dtype must be bf16, fp16 or fp32, got '" << dt << "'");
-  std::string variant = args.get("--variant", "auto");
-  TL_REQUIRE(variant == "auto" || variant == "pull" || variant == "push",
-             "--variant must be auto, pull or push, got '" << variant << "'");
-  p.mode = variant == "push" ? CommMode::kPush : CommMode::kPull;
-  p.mode_auto = variant == "auto";
+  p.variant = args.get("--variant", "auto");
+  bool known = p.variant == "auto";
+  std::string allowed = "auto";
+  for (size_t i = 0; i < variants.size(); ++i) {
+    known = known || p.variant == variants[i];
+    allowed += (i + 1 == variants.size() ? " or " : ", ") + variants[i];
+  }
+  TL_REQUIRE(known, "--variant must be " << allowed << ", got '" << p.variant << "'");
+  p.mode = p.variant == "push" ? CommMode::kPush : CommMode::kPull;
+  p.mode_auto = p.variant == "auto";
 
   set_shape(p, p.m, p.n, p.k);
   auto counts = args.get_int_list("--m-split", {});
@@ -65,12 +71,12 @@ void set_shape(OpProblem& p, int64_t m, int64_t n, int64_t k) {
   p.n = n;
   p.k = k;
   p.rows = RowPartition::even(p.m, p.world);
-  const int64_t split_total = p.op == "ag_gemm" ? p.n : p.k;
+  const int64_t split_total = p.split_n ? p.n : p.k;
   const RowPartition cols = RowPartition::even(split_total, p.world);
   p.split.clear();
   for (int r = 0; r < p.world; ++r) p.split.push_back(cols.size(r));
   for (int r = 0; r < p.world; ++r)
-    TL_REQUIRE(p.split[r] >= 1, (p.op == "ag_gemm" ? "N" : "K")
+    TL_REQUIRE(p.split[r] >= 1, (p.split_n ? "N" : "K")
                                     << " = " << split_total << " leaves rank " << r
                                     << " with nothing; it must be >= --world");
 }
@@ -107,9 +113,9 @@ std::string describe(const OpProblem& p) {
   std::ostringstream os;
   os << p.op << " backend=" << p.backend << " world=" << p.world << " M=" << p.m << " N=" << p.n
      << " K=" << p.k << " dtype=" << dtype_name(p.dtype)
-     << " variant=" << (p.mode == CommMode::kPush ? "push" : "pull") << "\n  M split:";
+     << " variant=" << p.variant << "\n  M split:";
   for (int r = 0; r < p.world; ++r) os << " " << p.rows.size(r);
-  os << (p.op == "ag_gemm" ? "\n  N split:" : "\n  K split:");
+  os << (p.split_n ? "\n  N split:" : "\n  K split:");
   for (int64_t s : p.split) os << " " << s;
   // NOTE: the CUDA ops print their own configuration (engine tile, SMs, comm tiles) once made.
   if (p.backend != "cuda")

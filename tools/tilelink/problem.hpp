@@ -12,20 +12,23 @@
 #include "tilelink/core/partition.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/ops/gemm_ar_plan.hpp"
 #include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cli {
 
 struct OpProblem {
-  std::string op;       // "ag_gemm" | "gemm_rs"
+  std::string op;       // the op's registered name
+  bool split_n = false; // N split over ranks (AG+GEMM), else K split
   std::string backend;  // "cpu" | "cuda"
   int world = 2;
   int64_t m = 0, n = 0, k = 0;  // totals: AG+GEMM splits M and N, GEMM+RS splits M and K
   RowPartition rows;            // M split (even, or --m-split)
   std::vector<int64_t> split;   // AG+GEMM: N_r; GEMM+RS: K_r
   DType dtype = DType::kBF16;
-  CommMode mode = CommMode::kPull;
-  bool mode_auto = true;  // --variant auto: the op's choice (AG on the peer transport: push, else pull)
+  std::string variant = "auto";  // --variant: auto (the op's choice) or one of the op's variants
+  CommMode mode = CommMode::kPull;  // --variant pull|push (ops with those variants)
+  bool mode_auto = true;
   int comm_tile = 128, tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;
   bool comm_tile_auto = false;  // --comm-tile not given: the CPU takes comm_tile, CUDA ops pick their own
   int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)
@@ -38,9 +41,10 @@ struct OpProblem {
 };
 
 // Reads the options shared by `run` and `bench`; refuses bad values with tilelink::Error.
-OpProblem parse_problem(Args& args, const std::string& op);
+// `variants`: the op's --variant values besides auto; split_n: the op splits N (else K).
+OpProblem parse_problem(Args& args, const std::string& op, const std::vector<std::string>& variants, bool split_n);
 std::string describe(const OpProblem& p);
-// Sets M, N, K and the even splits (M over ranks; N for ag_gemm, K for gemm_rs) of p.world ranks.
+// Sets M, N, K and the even splits (M over ranks; N or K, as p.split_n says) of p.world ranks.
 void set_shape(OpProblem& p, int64_t m, int64_t n, int64_t k);
 // `--shapes MxNxK[,MxNxK...]`: one problem per shape, like `base` but for its M, N, K (even M
 // split). Empty: {base}.

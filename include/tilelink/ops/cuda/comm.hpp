@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "tilelink/backend/cuda/epoch.hpp"
+#include "tilelink/comm/allreduce.hpp"
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
 #include "tilelink/runtime/world.hpp"
@@ -72,5 +73,13 @@ void launch_rs_push_reduce(World& world, const GemmRsPlan& push, const Symmetric
 // this rank and staged[slot] = epoch on the owner.
 void launch_rs_publish(World& world, const GemmRsPlan& p, const SymmetricView& heap,
                        const void* partial, Epoch epoch, const CommLaunch& how);
+
+// AllReduce (comm/allreduce.hpp) on rank p.rank: reduce items once the producer tiles covering
+// them are announced on every source's tile_done (>= epoch), then (two-shot) the owners' bands as
+// they are announced; c = C [M, N]. Warps claim items from the plan's `claims` counters, tagged
+// with the epoch, so several launches with one epoch share one call's work; a second call with the
+// same epoch finds the work taken unless the counters are zeroed first. The vector method only.
+void launch_allreduce(World& world, const AllReducePlan& p, const SymmetricView& heap, void* c, Epoch epoch,
+                      const CommLaunch& how);
 
 }  // namespace tilelink::cuda
