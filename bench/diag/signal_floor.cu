@@ -1,5 +1,5 @@
 // signal_floor: what one wait and one notify cost a launch with no GEMM around them, i.e. the floor
-// under the sm90 engine's hooks (issue 4's "hooks <= 1%") at one tile a block.
+// under the sm90 engine's hooks (the target "hooks <= 1%") at one tile a block.
 //
 // A "tile" kernel, one block of 256 threads per SM. Each block:
 //   [wait: warp 0 runs the engine's SignalHooks wait (lane 0 acquires the block's signal, already
@@ -19,7 +19,7 @@
 // Both hooks are on the critical path by what they mean: no read before the wait has seen its
 // signal, no notify before the block's writes are visible. The "hooks" row is then the least that
 // any kernel honouring that contract pays per launch; divide it by a launch's length to get the
-// least hooks+% that launch can show (bench/notes/gemm.md, session 26).
+// least hooks+% that launch can show (bench/notes/gemm.md, the floor under the hooks).
 //
 //   usage: signal_floor [--work-us W] [--reps R] [--hot-signals]
 #include <cuda_runtime.h>

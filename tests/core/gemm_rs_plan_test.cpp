@@ -72,7 +72,7 @@ std::vector<GemmRsPlan> make_plans(const Shape& s) {
 // groups (the engine's case: 128-row tiles, M = 8192 over 2 or 4 ranks, group_m 16 of 64 tile rows),
 // the reduce tiles come in the order the rank's own gemm tiles finish them. The row-major walk did
 // not: a worker taking every 16th reduce tile kept one column block and waited for the end of each
-// group (bench/notes/fused_ops_cuda.md, session 6).
+// group (bench/notes/fused_ops_cuda.md, the reduce walks the GEMM's order).
 TEST(GemmRsPlan, ReduceWalkFollowsTheOwnGemmTiles) {
   for (int world : {2, 4}) {
     for (int group : {1, 4, 16}) {

@@ -95,7 +95,7 @@ TEST(PathModel, MeasuredTwoGpuRowsStayUnfused) {
 }
 
 // AG+GEMM whose GEMM reads the own rows from A_r (push on separate GPUs): measured on two H200s
-// (peer and ipc, session 5) 1.09-1.14x at 8192x11008x4096 and 1.01-1.04x at 8192x14336x4096 over
+// (peer and ipc, 2026-11-29) 1.09-1.14x at 8192x11008x4096 and 1.01-1.04x at 8192x14336x4096 over
 // cuBLAS+NCCL, where the pull path (own rows copied first) measured 0.94-0.98x at 8192x14336x4096.
 TEST(PathModel, OwnRowsDirectTakesTheFusedPathWhereItMeasuredFaster) {
   MachineModel m = links(132, 0);
@@ -125,9 +125,10 @@ GemmRsPlan two_rank_rs(int64_t m, int64_t n, int64_t k) {
 }
 
 TEST(PathModel, GemmRsReduceSmsFollowTheMeasuredSweep) {
-  // Session 8, call 5 (bench/notes/fused_ops_cuda.md): fused with 4, 6, 8, 12, 16 and 24 reduce
-  // SMs, the GEMM's SMs joining the reduce once done. The model must pick SMs whose measured time
-  // was within ~3% of the sweep's best (or, between measured counts, the same GEMM waves).
+  // 2026-11-30 (bench/notes/fused_ops_cuda.md, how many reduce SMs): fused with 4, 6, 8, 12, 16 and
+  // 24 reduce SMs, the GEMM's SMs joining the reduce once done. The model must pick SMs whose
+  // measured time was within ~3% of the sweep's best (or, between measured counts, the same GEMM
+  // waves).
   const MachineModel m = links(132, 0);
   struct Row {
     int64_t m, n, k;
@@ -166,7 +167,7 @@ TEST(PathModel, GemmRsReduceSmsFollowTheMeasuredSweep) {
 
 TEST(PathModel, MeasuredGemmRsRows) {
   // At the SMs the model picks, the fused op measured 1.01-1.36x of cuBLAS+NCCL on these nine
-  // shapes (session 8, call 5: two rounds at 4 SMs; 8 and 16 SMs for the two shapes that pick
+  // shapes (2026-11-30: two rounds at 4 SMs; 8 and 16 SMs for the two shapes that pick
   // more): auto fuses them all. A GEMM too short to hide anything stays unfused.
   struct Row {
     int64_t m, n, k;
@@ -197,7 +198,7 @@ TEST(PathModel, MeasuredGemmRsRows) {
 }
 
 TEST(PathModel, GemmRsPushIsNeverFusedByAuto) {
-  // Push measured 0.57-0.97x of cuBLAS+NCCL on every shape (two H200s, world 2; session 9: 0.67x,
+  // Push measured 0.57-0.97x of cuBLAS+NCCL on every shape (two H200s, world 2; 2026-11-30: 0.67x,
   // 0.59x, 0.96x at 8192x4096x11008, 8192^3, 8192x8192x28672), while the pull model, which `auto`
   // used for it before, predicted those shapes fused.
   for (const int64_t k : {11008, 8192, 28672}) {
@@ -221,7 +222,7 @@ TEST(PathModel, GemmRsPushIsNeverFusedByAuto) {
 
 TEST(PathModel, GemmRsGemmCountsWholeWaves) {
   // 8192x6144 in 128x256 tiles: 1536 tiles, 12 waves on 128 SMs, 13 on 126 (measured 1.284 ms at
-  // K_r 8192 on 126 SMs, session 8).
+  // K_r 8192 on 126 SMs, 2026-11-30).
   const GemmRsPlan p = two_rank_rs(8192, 6144, 16384);
   const MachineModel m = links(132, 0);
   const double tile = gemm_rs_gemm_us(p, m, 1536);  // one wave

@@ -21,7 +21,7 @@
 // them with everything else and the first wait reads DRAM).
 // --warm-code: every timed launch right after an untimed launch of the same variant (the L2 flush
 // between them). NOTE: a launch that follows a launch of the same kernel code runs ~0.5 us faster
-// (measured on the H200, bench/notes/gemm.md, session 6), and in the shuffled order the hooks
+// (measured on the H200, bench/notes/gemm.md, code warmth), and in the shuffled order the hooks
 // kernel's code runs in 3 of 8 launches (hooks, wait, notify), the plain engine's in 2, the ag- and
 // rs-type kernels' in 1 each (so those two start ~0.5 us behind the plain engine): --warm-code
 // gives every variant the same warm code, the default gives every variant the same shuffled
@@ -29,7 +29,7 @@
 // --sustained-ms T: afterwards, per shape, each variant launched back to back for ~T ms (no flush:
 // L2 warm, as in a training loop), 7 rounds in a rotating order after an untimed one, paired per
 // round like the table, with the engine's A/A: the rate under the board's power cap (the H200
-// holds a GEMM at 700 W by lowering the SM clock: bench/notes/fused_ops_cuda.md, session 10),
+// holds a GEMM at 700 W by lowering the SM clock: bench/notes/fused_ops_cuda.md, power),
 // where energy per FLOP decides, not latency.
 // --host-us: afterwards, per shape, the host time of one call (engine: sm90::gemm, argument checks
 // and descriptors included; cuBLAS: cublasGemmEx), 200 calls enqueued back to back without a sync

@@ -10,8 +10,8 @@
 // row 0 of every band, then row 1 of every band, ... (grouping and rotation apply to that
 // sequence). GEMM+RS walks its partial this way with one band per rank's segment, the same order on
 // every rank: every owner's reduce tiles then finish at an even pace through the whole GEMM, on
-// every rank at once, instead of all in the last 1/W of it (bench/notes/fused_ops_cuda.md, session
-// 9).
+// every rank at once, instead of all in the last 1/W of it (bench/notes/fused_ops_cuda.md, the
+// banded compute order).
 #pragma once
 
 #include "tilelink/core/config.hpp"

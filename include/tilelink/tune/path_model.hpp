@@ -38,7 +38,7 @@ struct MachineModel {
   double gemm_tflops = 690;
   // Per rank, one direction, as the baseline's collective moves it: cuBLAS+NCCL AG+GEMM with N = 16
   // (a GEMM of <= 25 us) took 179 us for 32 MiB received and 331-334 us for 64 MiB on two H200s
-  // (NV18; bench/notes/fused_ops_cuda.md, session 5): ~215-235 GB/s of NCCL AllGather, against
+  // (NV18; bench/notes/fused_ops_cuda.md, the path model): ~215-235 GB/s of NCCL AllGather, against
   // 370-390 GB/s that SMs or copy engines move alone (tilelink bench prim).
   double link_gbps = 250;
   // Signals, the entry barrier, the own segment's copy, the last tile's tail, and what overlap
@@ -52,23 +52,23 @@ struct MachineModel {
   // 1.667 ms at 8192x11008x4096, world 2 (26 us a tile; bench/notes/fused_ops_cuda.md).
   double comm_tile_us = 25;
   // AG+GEMM reading the own rows from A_r (see above). Measured on two H200s (peer and ipc, world
-  // 2, session 5): fused - T_gemm = 51-83 us at 32 MiB (T_comm 134 us here), 48-145 us at 64 MiB
+  // 2, 2026-11-29): fused - T_gemm = 51-83 us at 32 MiB (T_comm 134 us here), 48-145 us at 64 MiB
   // (268 us): 0.18-0.62 of T_comm. It is not the waits: the same launches with the GEMM not
   // waiting (`bench ag_gemm`'s "together") take as long. It is power: both H200s run at their
   // 700 W cap (throttle reason SW power cap) with the GEMM alone (SM clock ~1500 MHz), and the
-  // copy engines' NVLink and HBM traffic beside it take the clock down to ~1440 (session 10).
+  // copy engines' NVLink and HBM traffic beside it take the clock down to ~1440 (2026-11-30).
   bool own_rows_direct = false;
   double direct_exposed = 0.6;
   // GEMM+RS, pull: the reduce (the warp reduce of ops/cuda/rs_comm.cu) sums `reduce_sm_gbps` of
   // output an SM with two sources (W sources: W/2 times the reads), `reduce_peak_gbps` at most on
   // any number of SMs. Measured on two H200s (NV18), 64 MiB of output: 0.250 ms on 16 SMs,
   // 0.43-0.45 on 8, 0.55-0.61 on 6, 0.81-0.88 on 4, 1.0-1.06 on 3 (bench/notes/fused_ops_cuda.md,
-  // session 7).
+  // a warp per 32-row band).
   double reduce_sm_gbps = 19;
   double reduce_peak_gbps = 270;
   // GEMM+RS's GEMM on its SMs, in waves: ceil(tiles / gemm_sms) tiles an SM, each taking its flops
   // at rs_sm_tflops (one SM; the engine is persistent: a wave that is not full costs a whole tile).
-  // Measured on two H200s (session 8, nine shapes, 99-128 GEMM SMs): within -2..+4% of this at
+  // Measured on two H200s (2026-11-30, nine shapes, 99-128 GEMM SMs): within -2..+4% of this at
   // 715 / 132 SMs, where the flat rate missed by up to 7% (8192x6144x16384 on 126 SMs: 1536 tiles,
   // 13 waves, 1.284 ms; flat 1.25, waves 1.288).
   double rs_sm_tflops = 715.0 / 132;
@@ -77,12 +77,12 @@ struct MachineModel {
   // the GEMM shares HBM and L2 with it); what is left when the GEMM is done, and never less than
   // its last wave's share (those tiles are done only at the end), every SM reduces at
   // reduce_after_gbps (the GEMM's SMs join the reduce); then rs_fused_overhead_us + rs_tail_tiles
-  // times one tile's time. Fit to a sweep of 4-24 reduce SMs on nine shapes (session 8, two
+  // times one tile's time. Fit to a sweep of 4-24 reduce SMs on nine shapes (2026-11-30, two
   // H200s): the model's best SMs measured within 2.5% of the sweep's best on every shape.
   // NOTE: "the last wave's share" is 1/waves of the work because the compute order is banded (every
   // wave holds every owner's tiles alike: TileOrder::bands). The fit was made with the staggered
   // order before it, whose last waves held only the owner's own tiles; the banded order measured
-  // 0-4% faster fused (session 9), so the model is now slightly conservative.
+  // 0-4% faster fused (2026-11-30), so the model is now slightly conservative.
   double reduce_during_gbps = 10;
   double reduce_after_gbps = 350;
   double rs_fused_overhead_us = 0;

@@ -40,7 +40,7 @@ int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n) {
   // num_blocks / group), walk row-major. A wave is then ~num_blocks / tiles_n complete rows: each
   // A band is read once while B stays in L2. A group of `group` rows instead spreads the wave over
   // the group plus part of the next one, whose rows are read again in the next wave (ncu at
-  // 8192x1536x4096: 143 MB of DRAM reads -> 99 MB; bench/notes/gemm.md, session 12).
+  // 8192x1536x4096: 143 MB of DRAM reads -> 99 MB; bench/notes/gemm.md, tile orders).
   if (static_cast<int64_t>(group) * g.tiles_n() <= num_blocks) return 1;
   if (group > g.tiles_m()) group = g.tiles_m();
   return group < 1 ? 1 : group;

@@ -2,7 +2,7 @@
 // kDecodeMaxRows. gemm_decode runs this file's mma.sync form at M <= 16 where N >= 2048, and the
 // wgmma form (gemm_decode_wgmma.cu) elsewhere. (A form of this kernel that staged A's chunks in
 // shared memory for M 17-32 lost to the wgmma form on every shape measured: bench/notes/gemm.md,
-// session 19.)
+// decode kernels.)
 //
 // A warp takes 16 rows of B (an n-group) over a range of K. Per step of 32 elements of K, lane
 // (g = lane / 4, t = lane % 4) loads 16 bytes (8 elements, k0 + 8t ..) of B rows g and g + 8,
@@ -43,7 +43,7 @@ constexpr int kMaxCluster = 8;   // portable cluster size
 constexpr int kBlocksPerSm = 2;  // resident (__launch_bounds__; <= 128 registers a thread)
 constexpr int kSteps = 4;        // steps of K whose loads a warp issues before their MMAs
 // This kernel takes M <= kMmaSyncMaxRows where N >= kMmaSyncMinN; the wgmma form
-// (gemm_decode_wgmma.cu) takes the rest (bench/notes/gemm.md, session 19).
+// (gemm_decode_wgmma.cu) takes the rest (bench/notes/gemm.md, decode kernels).
 constexpr int64_t kMmaSyncMaxRows = 16;
 constexpr int64_t kMmaSyncMinN = 2048;
 

@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (lane == 0) {
       // B streams through L2 once; A is read again by every block of the grid. (Without these
       // hints, 39 launches of M 24-128 ran a median 8% slower, from 3% faster to 17% slower:
-      // bench/notes/gemm.md, session 19.)
+      // bench/notes/gemm.md, decode kernels.)
       uint64_t b_policy, a_policy;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(b_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(a_policy));
@@ -286,7 +286,7 @@ int max_active_clusters(Kernel kernel, int parts, int smem_bytes) {
 // The most parts (up to kMaxCluster, each keeping kMinPartKBlocks of K) whose clusters all fit
 // on the device at once: one wave of blocks, as many streaming B as the wave allows. (A second
 // wave of clusters cost 20-25%, and whether one fits depends on how clusters pack into the GPCs,
-// not on the SM count alone: bench/notes/gemm.md, session 19.)
+// not on the SM count alone: bench/notes/gemm.md, decode kernels.)
 template <class Kernel>
 WgmmaGrid wgmma_grid(Kernel kernel, int smem_bytes, int64_t n, int64_t k) {
   WgmmaGrid g;

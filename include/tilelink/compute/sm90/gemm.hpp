@@ -89,7 +89,7 @@ enum class GemmKernel : uint8_t { kAuto, kTileEngine, kDecode };
 inline constexpr int64_t kDecodeMaxRows = 128;  // kDecode: M up to here
 
 // kAuto's choice of the decode kernel by shape (measured against the engine, bench/notes/gemm.md,
-// sessions 17-21): M <= 32 at any N; M 33-64 up to N = 16384 (above, its blocks of 64 rows of B
+// decode kernels): M <= 32 at any N; M 33-64 up to N = 16384 (above, its blocks of 64 rows of B
 // no longer fit one wave); M 65-128 where N <= 2048 (the engine's few tiles leave most SMs idle:
 // 1.3-2x there), or N <= 12288 and N * K <= 2^26 (above 2^26 the engine was up to 10% faster; from
 // N = 14336 it was as fast or faster at nearly every K, by 25-30% at N = 20480).
@@ -220,18 +220,18 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 // divided by a margin for its lower efficiency (kTileN 1):
 // - kTileNNarrow: kNarrowTileGain (set from a few shapes, then checked on a grid of 59, where it
 //   lost 0.3% on average against the better width of each shape and 128x256 everywhere lost 4%;
-//   bench/notes/gemm.md, session 16), kNarrowTileGainFewRows for M <= kSplitFewRows (decode sizes:
+//   bench/notes/gemm.md, tile widths), kNarrowTileGainFewRows for M <= kSplitFewRows (decode sizes:
 //   on 74 shapes of M 1-64 the narrow tile won where its cost was 0.75 of the wide one's,
 //   0.97-1.29x, and lost up to 7% at 0.93).
 // - kTileNSlim: kSlimTileGain, and only for M > kSplitFewRows. Its tiles run at 0.90-0.97 of
 //   kTileN's speed on full waves; on 77 shapes of M 136-1536 the rule ran each at a mean 0.998 of
-//   its fastest width (min 0.95) where the two-width rule ran at 0.972 (min 0.79) (session 20).
+//   its fastest width (min 0.95) where the two-width rule ran at 0.972 (min 0.79) (tile widths).
 // - kTileNLean: kLeanTileGain, and only for M > kSplitFewRows. Its waves fit where the others' do
 //   not (576x4096: 130 tiles of 160 against 80 of 256, 110 of 192 or 132 + 28 split of 128), and
 //   on a full wave it ran as fast as 256 (1408x1920x8192 1.03 of cuBLAS, 1408x3072x8192 at 256
 //   1.00). The margin was fitted on 75 shapes of M 200-1408 and checked on 70 more of M 512-2048:
 //   on all 145 the rule ran each at a mean 0.997 of its fastest width (min 0.960), where the
-//   three-width rule ran at 0.995 (min 0.948) (bench/notes/gemm.md, session 22).
+//   three-width rule ran at 0.995 (min 0.948) (bench/notes/gemm.md, tile widths).
 // - Many rows: the narrow tile loses less to the wide one above kManyRows rows (more than 16 tile
 //   rows; kNarrowTileGainManyRows), the slim one above kManyRowsSlim (kSlimTileGainManyRows).
 //   Fitted on 114 shapes of M 2048-16384 (tensor-parallel shards and a grid, each width measured)
@@ -239,7 +239,7 @@ TL_HD inline int64_t gemm_split_workspace_bytes(const GemmSplit& s, int tile_n =
 //   pick then measured against the old one where it changed: with one bound the slim tile lost
 //   3.5-7% on four shapes of M 2304-3072, hence its higher bound; with both, on the 34 shapes it
 //   changed, median 1.029x (0.961-1.106x). On all 185 shapes: mean 0.990 -> 0.995 of the fastest
-//   width, the worst 0.888 -> 0.952 (bench/notes/gemm.md, session 25).
+//   width, the worst 0.888 -> 0.952 (bench/notes/gemm.md, tile widths).
 inline constexpr double kSplitWaveCost = 0.1;
 inline constexpr double kNarrowTileGain = 0.965;
 inline constexpr double kNarrowTileGainFewRows = 0.9;
@@ -307,8 +307,8 @@ TL_HD inline bool gemm_tma_store_config(DType out, int64_t tiles, int num_blocks
 
 // Whether a launch reads A and B with 256-byte L2 promotion (each 128-byte row segment of a box
 // that misses L2 brings the next k-block's segment along) instead of CUTLASS's 128 bytes: at most
-// four tile rows, where B streams from DRAM nearly once. Measured (bench/notes/gemm.md, session
-// 14): +0.5..+2.6% at M = 128-512; on 8192x1536x4096 it cost ~1%, so larger M keeps 128 bytes.
+// four tile rows, where B streams from DRAM nearly once. Measured (bench/notes/gemm.md, a wider L2
+// fetch): +0.5..+2.6% at M = 128-512; on 8192x1536x4096 it cost ~1%, so larger M keeps 128 bytes.
 TL_HD inline bool gemm_wide_l2_fetch(int64_t m) { return m <= 4 * kTileM; }
 
 // Checks every argument and throws tilelink::Error with a clear message before anything is launched:

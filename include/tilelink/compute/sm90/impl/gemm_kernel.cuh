@@ -89,7 +89,7 @@ struct GemmConfig {
 
 // Consumers -> store warp: a ring of mbarriers ("tile j is stored", "slot free again"). 16 slots:
 // the consumers wait for a free slot only from a block's 17th tile on (the wait, though its slot is
-// always long free, measured ~0.1-0.2% at 8 tiles a block; bench/notes/gemm.md, session 11).
+// always long free, measured ~0.1-0.2% at 8 tiles a block; bench/notes/gemm.md, the hooks' cost).
 struct TileStoredRing {
   static constexpr int kSlots = 16;
   uint64_t full[kSlots];
@@ -308,8 +308,8 @@ inline constexpr int64_t kShortBoxMinFill = 8;  // see launch_gemm_config
 // CUTLASS's load() (B through its TMA atom), but A through p.a_short_map, whose box holds only the
 // row's rows (rounded up to 8), then a complete_tx of the bytes the 128-row box would have added to
 // the stage's barrier. A 128-row box there made the TMA zero-fill the rows past M in every stage,
-// which cost up to 10% of a launch with two tile rows (192x8192x8192; bench/notes/gemm.md, session
-// 20). The stage's rows past the box keep what an earlier stage left there: they meet only
+// which cost up to 10% of a launch with two tile rows (192x8192x8192; bench/notes/gemm.md, the
+// short A box). The stage's rows past the box keep what an earlier stage left there: they meet only
 // accumulator rows past M, which nothing stores or adds. The whole warp calls it; one lane loads.
 template <class Cfg, class P, class Inputs>
 TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
@@ -426,9 +426,9 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
       p.order.count() + (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)};
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
-  // setup) measured slower, not faster (bench/notes/gemm.md, run 4): the load warp waits below.
-  // So did the load warp sending a relaxed read of the signal out at entry and ending the wait
-  // with `fence.acquire` after this barrier (session 23).
+  // setup) measured slower, not faster: the load warp waits below. So did the load warp sending a
+  // relaxed read of the signal out at entry and ending the wait with `fence.acquire` after this
+  // barrier (bench/notes/gemm.md, designs tried and not kept: the hooks' fixed cost).
   __syncthreads();
   if (threadIdx.x == 0) TL_GEMM_MARK(11);
   const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
@@ -599,7 +599,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         // are aggregated), on the ring's later laps after waiting for its slot to be free. Before,
         // lane 0 arrived for its warp after a __syncwarp: the same time, but the __syncwarp's
         // convergence region put the staged epilogue ~32 KB away from the mainloop (bench/notes/
-        // gemm.md, session 11).
+        // gemm.md, the hooks' cost).
         const int slot = j % TileStoredRing::kSlots;
         if (j >= TileStoredRing::kSlots) {
           Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
@@ -686,10 +686,10 @@ typename Cfg::Mainloop::Params mainloop_params(const GemmArgs& args) {
 // elements; a box is kTileK columns x box_rows rows), with 256-byte L2 promotion
 // (gemm_wide_l2_fetch). The geometry below is our reading of CUTLASS's: 16-bit elements as
 // UINT16, three dimensions (k, rows, a batch of one), the 128-byte swizzle (the arguments CUTLASS
-// passes to cuTensorMapEncodeTiled, printed in session 14). It is used only if encoding it with
-// CUTLASS's own settings gives CUTLASS's bytes exactly, so a CUTLASS that builds descriptors
-// differently keeps its own. Returns whether it re-encoded (Sm90Gemm.WideL2FetchMatchesCutlass
-// checks that it does).
+// passes to cuTensorMapEncodeTiled, printed once from its host code). It is used only if encoding
+// it with CUTLASS's own settings gives CUTLASS's bytes exactly, so a CUTLASS that builds
+// descriptors differently keeps its own. Returns whether it re-encoded
+// (Sm90Gemm.WideL2FetchMatchesCutlass checks that it does).
 template <class ElementIn>
 bool widen_l2_fetch(const cute::TmaDescriptor* desc, const void* base, int64_t rows, int64_t k,
                     int64_t ld, int box_rows) {
@@ -766,7 +766,7 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   // tile whose box is half zero-filled runs up to ~1.8x as long: its launches gained 5-38% at
   // ragged M of 448-1088 rows. In the 192- and 256-wide tiles the short box gains at 136-320 rows
   // (136x8192x8192 0.63 -> 0.83 of cuBLAS), but costs ~1% where an eighth or less of the rows is
-  // zero-filled (448, 576, 704 rows; bench/notes/gemm.md, sessions 20-21).
+  // zero-filled (448, 576, 704 rows; bench/notes/gemm.md, the short A box).
   const int64_t padded = ceil_div(args.m, int64_t{kTileM}) * kTileM;
   if (const int64_t rows = args.m % kTileM;
       rows != 0 && (Cfg::kTileN <= kTileNLean || kShortBoxMinFill * (padded - args.m) > padded)) {
@@ -815,7 +815,7 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
 // __half | float; they must match args.in_type / args.out_type. kAltA: the instantiation that reads
 // GemmArgs::a_alt (a second source for a band of A's rows); without it a_alt is refused.
 // The configuration: gemm_tma_store_config (gemm.hpp). At one tile a block there is no next tile to
-// overlap, and the fourth stage is worth ~2.7% at 512x8192x8192 (bench/notes/gemm.md, session 12).
+// overlap, and the fourth stage is worth ~2.7% at 512x8192x8192 (bench/notes/gemm.md, epilogue).
 template <class ElementIn, class ElementOut, class Hooks, bool kAltA = false>
 void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
   gemm_check(args);
