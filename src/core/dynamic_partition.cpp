@@ -1,6 +1,7 @@
 // Host constructors and checked host helpers of the dynamic mappings: each refusal names its input.
 #include "tilelink/core/dynamic_partition.hpp"
 
+#include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink {
@@ -67,6 +68,35 @@ DynamicSegmentTiling DynamicSegmentTiling::make(const DynamicRowPartition& parts
              "dynamic segment tiling: chunk rows must be >= 1, got " << chunk_rows);
   TL_REQUIRE(first != nullptr, "dynamic segment tiling: no first-tile table");
   return DynamicSegmentTiling{parts, chunk_rows, first};
+}
+
+DynamicTileGrid DynamicTileGrid::make(const DynamicRowPartition& rows, int64_t extent_n, int tile_m,
+                                      int tile_n, const int* first) {
+  require_view(rows, "dynamic tile grid");
+  TL_REQUIRE(extent_n >= 1, "dynamic tile grid: N must be >= 1, got " << extent_n);
+  TL_REQUIRE(tile_m >= 1 && tile_n >= 1,
+             "dynamic tile grid: tile sizes must be >= 1, got " << tile_m << "x" << tile_n);
+  TL_REQUIRE(ceil_div(extent_n, tile_n) <= 0x7fffffff,
+             "dynamic tile grid: " << extent_n << " columns in tiles of " << tile_n
+                                   << " make more column tiles than an int can count");
+  TL_REQUIRE(first != nullptr, "dynamic tile grid: no first-tile table");
+  DynamicTileGrid g;
+  g.rows = rows;
+  g.extent_n = extent_n;
+  g.tile_m = tile_m;
+  g.tile_n = tile_n;
+  g.first = first;
+  return g;
+}
+
+int fill_first_tiles(const DynamicTileGrid& grid, std::span<int> first_out) {
+  TL_REQUIRE(
+      grid.tile_m >= 1 && grid.tile_n >= 1,
+      "fill_first_tiles: grid tile sizes must be >= 1, got " << grid.tile_m << "x" << grid.tile_n);
+  TL_REQUIRE(grid.extent_n >= 0 && ceil_div(grid.extent_n, grid.tile_n) <= 0x7fffffff,
+             "fill_first_tiles: grid N must be >= 0 with an int's worth of column tiles, got "
+                 << grid.extent_n << " in tiles of " << grid.tile_n);
+  return fill_checked(grid.rows, grid.tile_m, grid.tiles_n(), first_out, "fill_first_tiles");
 }
 
 }  // namespace tilelink

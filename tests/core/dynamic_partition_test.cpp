@@ -1,6 +1,6 @@
-// DynamicRowPartition and DynamicSegmentTiling: the mappings over run-time tables, checked against
-// the static mappings where those exist (up to kMaxWorldSize parts) and against brute force for any
-// number of parts, over many random routings.
+// DynamicRowPartition, DynamicSegmentTiling and DynamicTileGrid: the mappings over run-time tables,
+// checked against the static mappings where those exist (up to kMaxWorldSize parts, and TileGrid
+// for each group) and against brute force for any number of parts, over many random routings.
 #include "tilelink/core/dynamic_partition.hpp"
 
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../support/random.hpp"
+#include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/core/partition.hpp"
 #include "tilelink/core/segment_tiling.hpp"
@@ -25,6 +26,7 @@ namespace {
 // Views are copied into plans and kernel arguments as bytes.
 static_assert(std::is_trivially_copyable_v<DynamicRowPartition>);
 static_assert(std::is_trivially_copyable_v<DynamicSegmentTiling>);
+static_assert(std::is_trivially_copyable_v<DynamicTileGrid>);
 
 // Random per-part row counts: split at random cuts (empty parts likely), sparse and skewed (most
 // parts empty, as in MoE routing), every row in one part, all parts empty, or even.
@@ -400,6 +402,86 @@ TEST(DynamicSegmentTiling, MaxNumTilesBoundsEveryTable) {
   // The bound is reached: every part one row past a multiple of the chunk.
   Tables t(std::vector<int64_t>(10, 5), 4);
   EXPECT_EQ(t.tiling(4).num_tiles(), DynamicSegmentTiling::max_num_tiles(50, 10, 4));
+}
+
+// ---- the grouped grid --------------------------------------------------------------------------
+
+TEST(DynamicTileGrid, EachGroupIsItsTileGridAndIdsAreGroupMajor) {
+  TL_SEEDED_RNG(rng);
+  for (int iter = 0; iter < 300; ++iter) {
+    const int groups = rng.uniform_int(1, 300);
+    const int64_t n = rng.uniform(1, 150);
+    const int tile_m = rng.uniform_int(1, 70), tile_n = rng.uniform_int(1, 70);
+    Tables t(random_counts(rng, groups, 600), 1);
+    std::vector<int> first(static_cast<size_t>(groups) + 1);
+    DynamicTileGrid grid = DynamicTileGrid::make(t.rows(), n, tile_m, tile_n, first.data());
+    const int tiles = fill_first_tiles(grid, first);
+    const int64_t rows = grid.rows.total();
+    SCOPED_TRACE(::testing::Message() << "iter " << iter << " groups " << groups << " " << rows
+                                      << "x" << n << " tiles " << tile_m << "x" << tile_n);
+    ASSERT_EQ(grid.num_tiles(), tiles);
+    ASSERT_LE(tiles, DynamicTileGrid::max_num_tiles(rows, groups, n, tile_m, tile_n));
+    std::vector<int> device_first(first.size());
+    ASSERT_EQ(fill_first_tiles(grid, device_first.data()), tiles);
+    ASSERT_EQ(device_first, first);
+
+    std::vector<int> cover(static_cast<size_t>(rows * n), 0);
+    int next = 0;
+    for (int g = 0; g < groups; ++g) {
+      const TileGrid gg = grid.group_grid(g);
+      ASSERT_EQ(grid.first[g], next) << "group " << g;
+      ASSERT_EQ(grid.tiles_m(g), gg.tiles_m()) << "group " << g;
+      ASSERT_EQ(grid.tiles_n(), gg.tiles_n());
+      ASSERT_EQ(grid.tiles_of(g), gg.num_tiles()) << "group " << g;
+      for (int i = 0; i < gg.num_tiles(); ++i, ++next) {
+        const TileCoord local = gg.coord(i);  // row-major inside the group
+        const GroupTileCoord c{g, local.m, local.n};
+        ASSERT_EQ(grid.linear(c), next);
+        ASSERT_EQ(grid.coord(next), c) << "tile " << next;
+        ASSERT_EQ(grid.group_of(next), g) << "tile " << next;
+        const Rect want = gg.region(local), got = grid.region(c);
+        ASSERT_EQ(got.row, grid.rows.begin(g) + want.row) << "tile " << next;
+        ASSERT_EQ(got.col, want.col) << "tile " << next;
+        ASSERT_EQ(got.rows, want.rows) << "tile " << next;
+        ASSERT_EQ(got.cols, want.cols) << "tile " << next;
+        ASSERT_FALSE(got.empty()) << "tile " << next;
+        ASSERT_LE(got.row + got.rows, grid.rows.end(g)) << "a tile holds one group's rows";
+        for (int64_t r = got.row; r < got.row + got.rows; ++r)
+          for (int64_t col = got.col; col < got.col + got.cols; ++col)
+            ++cover[static_cast<size_t>(r * n + col)];
+      }
+    }
+    ASSERT_EQ(next, grid.num_tiles());
+    for (size_t e = 0; e < cover.size(); ++e) {
+      ASSERT_EQ(cover[e], 1) << "element (" << e / n << ", " << e % n << ")";
+    }
+  }
+}
+
+TEST(DynamicTileGrid, RefusesBadInput) {
+  Tables t({3, 0, 4}, 1);
+  std::vector<int> first(4), small(3);
+  const DynamicRowPartition p = t.rows();
+  EXPECT_NO_THROW(DynamicTileGrid::make(p, 8, 2, 4, first.data()));
+  expect_error([&] { DynamicTileGrid::make(p, 0, 2, 4, first.data()); }, "N must be >= 1");
+  expect_error([&] { DynamicTileGrid::make(p, 8, 0, 4, first.data()); }, "tile sizes");
+  expect_error([&] { DynamicTileGrid::make(p, 8, 2, -1, first.data()); }, "tile sizes");
+  expect_error([&] { DynamicTileGrid::make(p, int64_t{1} << 40, 2, 1, first.data()); },
+               "column tiles");
+  expect_error([&] { DynamicTileGrid::make(p, 8, 2, 4, nullptr); }, "no first-tile table");
+  expect_error(
+      [&] {
+        DynamicTileGrid::make({3, nullptr}, 8, 2, 4, first.data());
+      },
+      "no offsets table");
+
+  const DynamicTileGrid grid = DynamicTileGrid::make(p, 8, 2, 4, first.data());
+  EXPECT_EQ(fill_first_tiles(grid, first), 8);  // (2 + 0 + 2) tile rows x 2 column tiles
+  expect_error([&] { fill_first_tiles(grid, small); }, "needs 4 entries");
+  // Tiles beyond an int: refused.
+  const DynamicTileGrid wide = DynamicTileGrid::make(p, int64_t{1} << 30, 1, 1, first.data());
+  EXPECT_EQ(fill_first_tiles(wide, first.data()), -1);
+  expect_error([&] { fill_first_tiles(wide, first); }, "more tiles than an int");
 }
 
 // ---- the contract: a view built before its tables, read after the writer's release --------------

@@ -13,6 +13,7 @@
 //   DynamicRowPartition   part p owns rows [offsets[p], offsets[p + 1]); empty parts allowed
 //   DynamicSegmentTiling  each part cut into chunks of chunk_rows rows (the last clipped), tile ids
 //                         part-major, chunk-minor; first[p] = the first tile id of part p
+//   (DynamicTileGrid, the grouped GEMM's tiles over the same tables: dynamic_tile_grid.hpp)
 //
 // Example: the tables in an op's workspace; the host builds the views and never reads the tables.
 //
