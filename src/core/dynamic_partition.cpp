@@ -1,4 +1,5 @@
-// Host constructors and checked host helpers of the dynamic mappings: each refusal names its input.
+// Host constructors and checked table fillers of the dynamic mappings. Every refusal names the
+// input it refuses.
 #include "tilelink/core/dynamic_partition.hpp"
 
 #include "tilelink/core/dynamic_tile_grid.hpp"

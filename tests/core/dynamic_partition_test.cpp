@@ -56,7 +56,7 @@ std::vector<int64_t> random_counts(test::Rng& rng, int parts, int64_t max_rows) 
   }
 }
 
-// A routing's host tables, written through the checked host helpers; the views point into them.
+// A routing's host tables, written through the checked host forms; the views point into them.
 struct Tables {
   std::vector<int64_t> counts, offsets;
   std::vector<int> first;
