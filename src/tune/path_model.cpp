@@ -147,7 +147,7 @@ PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath reques
     c.path = OpPath::kUnfused;
     c.why =
         "push: measured 0.57-0.97x of cuBLAS+NCCL on every shape on two H200s (bench/notes/"
-        "fused_ops_cuda.md, sessions 6-9); the model predicts pull only (--path fused forces push)";
+        "fused_ops_cuda.md, push); the model predicts pull only (--path fused forces push)";
     return c;
   }
   const int reduce_sms = m.sms - m.gemm_sms;
