@@ -244,8 +244,8 @@ bool report_check(const tlc::World& world, const OpProblem& p, const std::string
       if (with_ref)
         std::printf("  %s baseline rel. error vs float64 (max over ranks) %.3e\n", baseline.c_str(), err_base_ref);
       else
-        std::printf("  --baseline-only: NOT CHECKED (no float64 reference at M*N*K = %.2e > 2e10; the fused op did not run)\n",
-                    static_cast<double>(p.m) * p.n * p.k);
+        std::printf("  --baseline-only: NOT CHECKED (no float64 reference at M*N*K = %.2e > --ref-limit %.2e; the fused op did not run)\n",
+                    static_cast<double>(p.m) * p.n * p.k, p.ref_limit);
       std::printf("%s (tolerance %.1e, baseline only)\n", ok ? "check passed" : "CHECK FAILED", p.tolerance);
       std::fflush(stdout);
     }
@@ -257,8 +257,8 @@ bool report_check(const tlc::World& world, const OpProblem& p, const std::string
       std::printf("  fused rel. error vs float64 (max over ranks) %.3e\n", err_ref);
       std::printf("  %s baseline rel. error vs float64 (max over ranks) %.3e\n", baseline.c_str(), err_base_ref);
     } else {
-      std::printf("  float64 reference skipped (M*N*K = %.2e > 2e10): fused checked against the baseline only\n",
-                  static_cast<double>(p.m) * p.n * p.k);
+      std::printf("  float64 reference skipped (M*N*K = %.2e > --ref-limit %.2e): fused checked against the baseline only\n",
+                  static_cast<double>(p.m) * p.n * p.k, p.ref_limit);
     }
     std::printf("  fused rel. difference vs %s baseline (max over ranks) %.3e\n", baseline.c_str(), err_base);
     std::printf("%s (tolerance %.1e)\n", ok ? "check passed" : "CHECK FAILED", p.tolerance);
@@ -276,7 +276,7 @@ bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const s
   const int W = world.size();
   std::unique_ptr<CudaOpRun> op = spec.make_cuda(world, p);
   trace(world, "op made");
-  const bool with_ref = static_cast<double>(p.m) * p.n * p.k <= 2e10;
+  const bool with_ref = static_cast<double>(p.m) * p.n * p.k <= p.ref_limit;
   auto a_rows = [&](int r) { return spec.split_n ? p.rows.size(r) : p.m; };
   auto a_cols = [&](int r) { return spec.split_n ? p.k : p.split[r]; };
   auto b_rows = [&](int r) { return spec.split_n ? p.split[r] : p.n; };

@@ -29,7 +29,7 @@ const char* kRunUsage =
     "[--backend auto|cpu|cuda] [--world W] [-m M] [-n N] [-k K] [--dtype bf16|fp16|fp32] "
     "[--variant auto|pull|push (ag_gemm, gemm_rs)|one-shot|two-shot (gemm_ar)] [--m-split c0,c1,...] [--comm-tile R] [--tile-m TM] [--tile-n TN] "
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
-    "[--tolerance E] [--transport auto|virtual|peer|ipc] [--comm-sms K] [--path auto|fused|unfused] "
+    "[--tolerance E] [--ref-limit MNK (cuda: float64 reference up to this M*N*K, 2e10)] [--transport auto|virtual|peer|ipc] [--comm-sms K] [--path auto|fused|unfused] "
     "[--baseline-only (check the unfused baseline alone)] (the last four: cuda)";
 
 struct RankData {

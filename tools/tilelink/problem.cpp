@@ -62,6 +62,8 @@ OpProblem parse_problem(Args& args, const std::string& op, const std::vector<std
   p.timeout_ms = args.get_int("--timeout-ms", 20000);
   TL_REQUIRE(p.timeout_ms >= 1, "--timeout-ms must be >= 1");
   p.tolerance = args.get_double("--tolerance", p.dtype == DType::kF32 ? 1e-5 : 1e-2);
+  p.ref_limit = args.get_double("--ref-limit", 2e10);
+  TL_REQUIRE(p.ref_limit >= 0, "--ref-limit must be >= 0");
   return p;
 }
 

@@ -38,6 +38,7 @@ struct OpProblem {
   uint64_t seed = 1;
   int64_t timeout_ms = 20000;
   double tolerance = 0;  // relative Frobenius error bound
+  double ref_limit = 2e10;  // CUDA: the float64 reference (one host thread) only up to this M*N*K
 };
 
 // Reads the options shared by `run` and `bench`; refuses bad values with tilelink::Error.
