@@ -25,6 +25,9 @@ class Args {
 
   std::string get(const std::string& name, const std::string& fallback);
   int64_t get_int(const std::string& name, int64_t fallback);
+  // An integer in [lo, hi], checked as the 64-bit value it is written as (never narrowed first).
+  int64_t get_int_in(const std::string& name, int64_t fallback, int64_t lo, int64_t hi);
+  bool has(const std::string& name) const { return options_.count(name) > 0; }
   double get_double(const std::string& name, double fallback);
   bool flag(const std::string& name);
   // A comma-separated integer list, e.g. "--world 1,2,4".

@@ -481,6 +481,9 @@ int bench_op_command(Args& args, const OpSpec& spec) {
   int iters = static_cast<int>(args.get_int("--bench-iters", 10));
   args.finish();
   TL_REQUIRE(p.backend != "cpu", "bench " << spec.name << " measures the CUDA backend; use `run` for the CPU");
+  TL_REQUIRE(!p.cpu_options_given,
+             "--tile-m, --tile-n, --comm-workers and --compute-workers apply to the CPU backend only (the CUDA "
+             "ops take the engine's tiles and choose their SMs; --comm-sms sets the comm SMs)");
   p.backend = "cuda";
   if (!shapes.empty()) {
     const RowPartition even = RowPartition::even(p.m, p.world);

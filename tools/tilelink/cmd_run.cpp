@@ -170,19 +170,24 @@ int run_op_command(Args& args, const OpSpec& spec) {
     // The CUDA backend when a GPU is present and this build has a CUDA implementation of the op for
     // these options (bf16; pull or the op's own variants); otherwise the CPU backend.
     int gpus = cuda_device_count();
-    p.backend = gpus > 0 && cuda_op && p.dtype == DType::kBF16 && p.mode == CommMode::kPull ? "cuda" : "cpu";
+    p.backend = gpus > 0 && cuda_op && p.dtype == DType::kBF16 && p.mode == CommMode::kPull && !p.cpu_options_given
+                    ? "cuda"
+                    : "cpu";
     if (gpus > 0 && p.backend == "cpu")
       std::printf("note: %d GPU(s) found, but this build has no CUDA %s %s for these options; using the CPU "
                   "backend\n", gpus, std::string(dtype_name(p.dtype)).c_str(), spec.name.c_str());
   }
+  TL_REQUIRE(p.backend == "cpu" || !p.cpu_options_given,
+             "--tile-m, --tile-n, --comm-workers and --compute-workers apply to the CPU backend only (the CUDA "
+             "ops take the engine's tiles and choose their SMs; --comm-sms sets the comm SMs)");
   TL_REQUIRE(p.backend == "cpu" || cuda_op, spec.name << " has no CUDA implementation in this build: use "
                                                          "--backend cpu");
 #if defined(TILELINK_HAS_CUDA)
   if (p.backend == "cuda") return run_op_cuda(spec, {p}, transport, false, 0, 0);
 #endif
   TL_REQUIRE(transport == "auto", "--transport applies to the CUDA backend only");
-  TL_REQUIRE(p.path == OpPath::kAuto && p.comm_sms == 0 && !p.baseline_only,
-             "--path, --comm-sms and --baseline-only apply to the CUDA backend only");
+  TL_REQUIRE(!p.cuda_options_given,
+             "--path, --comm-sms, --baseline-only and --ref-limit apply to the CUDA backend only");
   std::printf("%s\n", describe(p).c_str());
   return run_cpu(spec, p);
 }

@@ -85,6 +85,12 @@ int64_t Args::get_int(const std::string& name, int64_t fallback) {
   return fallback;
 }
 
+int64_t Args::get_int_in(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) {
+  const int64_t v = get_int(name, fallback);
+  TL_REQUIRE(v >= lo && v <= hi, "option " << name << " must be in [" << lo << ", " << hi << "], got " << v);
+  return v;
+}
+
 double Args::get_double(const std::string& name, double fallback) {
   std::string v = get(name, "");
   if (v.empty()) return fallback;

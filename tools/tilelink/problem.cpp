@@ -15,14 +15,18 @@ OpProblem parse_problem(Args& args, const std::string& op, const std::vector<std
   p.backend = args.get("--backend", "auto");
   TL_REQUIRE(p.backend == "auto" || p.backend == "cpu" || p.backend == "cuda",
              "--backend must be auto, cpu or cuda, got '" << p.backend << "'");
-  p.world = static_cast<int>(args.get_int("--world", 2));
-  TL_REQUIRE(p.world >= 1 && p.world <= kMaxWorldSize,
-             "--world must be in [1, " << kMaxWorldSize << "], got " << p.world);
+  const int64_t world = args.get_int("--world", 2);
+  TL_REQUIRE(world >= 1 && world <= kMaxWorldSize, "--world must be in [1, " << kMaxWorldSize << "], got " << world);
+  p.world = static_cast<int>(world);
   p.m = args.get_int("-m", 1000);
   p.n = args.get_int("-n", 256);
   p.k = args.get_int("-k", 128);
   TL_REQUIRE(p.m >= 1 && p.n >= 1 && p.k >= 1,
              "-m, -n and -k must be >= 1, got " << p.m << ", " << p.n << ", " << p.k);
+  constexpr int64_t kMaxExtent = int64_t{1} << 40;  // byte counts of any operand stay far from overflow
+  TL_REQUIRE(p.m <= kMaxExtent && p.n <= kMaxExtent && p.k <= kMaxExtent && p.m * p.n <= kMaxExtent &&
+                 p.m * p.k <= kMaxExtent && p.n * p.k <= kMaxExtent,
+             "-m, -n and -k (" << p.m << ", " << p.n << ", " << p.k << ") make an operand of more than 2^40 elements");
   std::string dt = args.get("--dtype", "bf16");
   TL_REQUIRE(parse_dtype(dt, &p.dtype), "--dtype must be bf16, fp16 or fp32, got '" << dt << "'");
   p.variant = args.get("--variant", "auto");
@@ -46,21 +50,22 @@ OpProblem parse_problem(Args& args, const std::string& op, const std::vector<std
   }
 
   p.comm_tile_auto = args.get("--comm-tile", "").empty();
-  p.comm_tile = static_cast<int>(args.get_int("--comm-tile", 64));
-  p.tile_m = static_cast<int>(args.get_int("--tile-m", 128));
-  p.tile_n = static_cast<int>(args.get_int("--tile-n", 128));
-  p.comm_workers = static_cast<int>(args.get_int("--comm-workers", 1));
-  p.compute_workers = static_cast<int>(args.get_int("--compute-workers", 1));
-  p.comm_sms = static_cast<int>(args.get_int("--comm-sms", 0));
-  TL_REQUIRE(p.comm_sms >= 0, "--comm-sms must be >= 0");
+  p.comm_tile = static_cast<int>(args.get_int_in("--comm-tile", 64, 1, 1 << 20));
+  p.cpu_options_given = args.has("--tile-m") || args.has("--tile-n") || args.has("--comm-workers") ||
+                        args.has("--compute-workers");
+  p.tile_m = static_cast<int>(args.get_int_in("--tile-m", 128, 1, 1 << 20));
+  p.tile_n = static_cast<int>(args.get_int_in("--tile-n", 128, 1, 1 << 20));
+  p.comm_workers = static_cast<int>(args.get_int_in("--comm-workers", 1, 1, 1024));
+  p.compute_workers = static_cast<int>(args.get_int_in("--compute-workers", 1, 1, 1024));
+  p.cuda_options_given = args.has("--comm-sms") || args.has("--path") || args.has("--baseline-only") ||
+                         args.has("--ref-limit");
+  p.comm_sms = static_cast<int>(args.get_int_in("--comm-sms", 0, 0, 1024));
   std::string path = args.get("--path", "auto");
   TL_REQUIRE(parse_op_path(path, &p.path), "--path must be auto, fused or unfused, got '" << path << "'");
   p.baseline_only = args.flag("--baseline-only");
-  p.iters = static_cast<int>(args.get_int("--iters", 5));
-  TL_REQUIRE(p.iters >= 1, "--iters must be >= 1");
+  p.iters = static_cast<int>(args.get_int_in("--iters", 5, 1, 1000000));
   p.seed = static_cast<uint64_t>(args.get_int("--seed", 1));
-  p.timeout_ms = args.get_int("--timeout-ms", 20000);
-  TL_REQUIRE(p.timeout_ms >= 1, "--timeout-ms must be >= 1");
+  p.timeout_ms = args.get_int_in("--timeout-ms", 20000, 1, int64_t{24} * 3600 * 1000);
   p.tolerance = args.get_double("--tolerance", p.dtype == DType::kF32 ? 1e-5 : 1e-2);
   p.ref_limit = args.get_double("--ref-limit", 2e10);
   TL_REQUIRE(p.ref_limit >= 0, "--ref-limit must be >= 0");

@@ -34,6 +34,8 @@ struct OpProblem {
   int comm_sms = 0;  // CUDA: SMs of each rank running the comm program (0 = the copy engine)
   OpPath path = OpPath::kAuto;  // CUDA: fused, unfused, or the cost model's choice
   bool baseline_only = false;   // CUDA: check (and time) the unfused baseline alone
+  bool cpu_options_given = false;   // --tile-m/n, --comm-workers, --compute-workers: the CPU backend's
+  bool cuda_options_given = false;  // --comm-sms, --path, --baseline-only, --ref-limit: the CUDA backend's
   int iters = 5;
   uint64_t seed = 1;
   int64_t timeout_ms = 20000;
