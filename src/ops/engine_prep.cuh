@@ -14,7 +14,7 @@
 
 namespace tilelink::cuda::detail {
 
-// The engine's arguments for a plan's GEMM (m(), n, k and compute_order: both op plans have them).
+// The engine's arguments for a plan's GEMM (m(), n, k and compute_order: every op plan has them).
 template <class Plan>
 compute::sm90::GemmArgs engine_args(const Plan& p, const void* a, const void* b, void* c, int num_sms) {
   compute::sm90::GemmArgs args;

@@ -23,7 +23,7 @@ namespace {
 
 // NOTE: before any CUDA call of the program (static initialization of the library), and again in
 // the World constructor in case a program made this object file load late: lazy module loading
-// deadlocks a kernel that spins on a flag set by a not-yet-loaded kernel (DESIGN.md).
+// deadlocks a kernel that spins on a flag set by a not-yet-loaded kernel (docs/design.md, the GPU machines).
 const bool kEagerLoading = [] {
   setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   return true;

@@ -27,7 +27,7 @@ namespace ref = tilelink::compute::sm90::reference;
 namespace engine = tilelink::compute::sm90::detail;
 #define CK(call) TL_SM90_CUDA_CHECK(call)
 
-// NOTE: a kernel spinning on a flag can keep a lazily loaded one from starting (see DESIGN.md).
+// NOTE: a kernel spinning on a flag can keep a lazily loaded one from starting (see docs/design.md, the GPU machines).
 const bool kEager = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
 
 uint64_t fresh_seed() {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tilelink/core/error.hpp"
+#include "tilelink/tune/gemm_ar_model.hpp"
 #include "tilelink/tune/path_model.hpp"
 
 namespace tilelink {
@@ -309,6 +310,54 @@ TEST(PathModel, RefusesBadModels) {
   EXPECT_TRUE(parse_op_path("unfused", &p));
   EXPECT_EQ(p, OpPath::kUnfused);
   EXPECT_FALSE(parse_op_path("fastest", &p));
+}
+
+}  // namespace
+}  // namespace tilelink
+
+// ---- GEMM+AR (tune/gemm_ar_model.hpp) -------------------------------------------------------------
+
+namespace tilelink {
+namespace {
+
+GemmArPlan ar_plan(int world, int64_t m, int64_t n, int64_t k_total, AllReduceAlgo algo) {
+  GemmArConfig cfg;
+  cfg.algo = algo;
+  return GemmArPlan::make(0, RowPartition::even(m, world), n, k_total / world, DType::kBF16, cfg);
+}
+
+TEST(GemmArModel, OneShotForTwoRanksAndSmallPartialsElseTwoShot) {
+  EXPECT_EQ(choose_allreduce_algo(8192, 8192, 2, DType::kBF16), AllReduceAlgo::kOneShot);   // W = 2
+  EXPECT_EQ(choose_allreduce_algo(64, 4096, 8, DType::kBF16), AllReduceAlgo::kOneShot);     // 512 KiB
+  EXPECT_EQ(choose_allreduce_algo(8192, 8192, 4, DType::kBF16), AllReduceAlgo::kTwoShot);   // 128 MiB
+  EXPECT_EQ(choose_allreduce_algo(128, 4096, 4, DType::kBF16), AllReduceAlgo::kOneShot);    // exactly 1 MiB
+  EXPECT_EQ(choose_allreduce_algo(129, 4096, 4, DType::kBF16), AllReduceAlgo::kTwoShot);
+}
+
+TEST(GemmArModel, ReadBytesPerAlgorithm) {
+  const double partial = 1024.0 * 4096 * 2;
+  EXPECT_DOUBLE_EQ(gemm_ar_comm_bytes(ar_plan(4, 1024, 4096, 4096, AllReduceAlgo::kOneShot)), 3 * partial);
+  EXPECT_DOUBLE_EQ(gemm_ar_comm_bytes(ar_plan(4, 1024, 4096, 4096, AllReduceAlgo::kTwoShot)), 1.5 * partial);
+  EXPECT_DOUBLE_EQ(gemm_ar_comm_bytes(ar_plan(2, 1024, 4096, 4096, AllReduceAlgo::kTwoShot)),
+                   gemm_ar_comm_bytes(ar_plan(2, 1024, 4096, 4096, AllReduceAlgo::kOneShot)));
+}
+
+TEST(GemmArModel, PathRules) {
+  MachineModel m;
+  m.sms = 132;
+  m.gemm_sms = 116;
+  const GemmArPlan big = ar_plan(4, 8192, 8192, 28672, AllReduceAlgo::kTwoShot);
+  EXPECT_EQ(choose_path(big, m, OpPath::kUnfused).path, OpPath::kUnfused);  // forced
+  EXPECT_EQ(choose_path(ar_plan(1, 64, 64, 64, AllReduceAlgo::kOneShot), m, OpPath::kAuto).path, OpPath::kFused);
+  MachineModel shared = m;
+  shared.ranks_share_gpu = true;
+  EXPECT_EQ(choose_path(big, shared, OpPath::kAuto).path, OpPath::kUnfused);
+  // Separate GPUs: a long GEMM hides the reads; the prediction says why, with both times.
+  const PathChoice c = choose_path(big, m, OpPath::kAuto);
+  EXPECT_GT(c.unfused_us, 0);
+  EXPECT_GT(c.fused_us, 0);
+  EXPECT_EQ(c.path, c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused);
+  EXPECT_NE(c.why.find("two-shot"), std::string::npos) << c.why;
 }
 
 }  // namespace

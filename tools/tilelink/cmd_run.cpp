@@ -167,8 +167,8 @@ int run_op_command(Args& args, const OpSpec& spec) {
   const bool cuda_op = false;
 #endif
   if (p.backend == "auto") {
-    // The CUDA backend when a GPU is present and this build has a CUDA implementation of the op for
-    // these options (bf16; pull or the op's own variants); otherwise the CPU backend.
+    // The CUDA backend when a GPU is present, this build has a CUDA implementation of the op, the
+    // dtype is bf16, the variant is not push and no CPU-only option is given; otherwise the CPU.
     int gpus = cuda_device_count();
     p.backend = gpus > 0 && cuda_op && p.dtype == DType::kBF16 && p.mode == CommMode::kPull && !p.cpu_options_given
                     ? "cuda"

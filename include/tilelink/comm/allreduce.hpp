@@ -116,12 +116,11 @@ struct AllReducePlan {
 
 // ---- the programs, over an executor --------------------------------------------------------------
 // An executor `x` gives the primitives of its context (CPU rank thread, GPU warp):
-//   x.wait_peer(source, field, slot, target, tile)   source's field[slot] >= target (acquire); on
-//                                                    the GPU each lane takes its own waits, so
-//                                                    waits come through wait_each
-//   x.wait_each(count, fn)                           for w < count: fn(w, &peer, &slot), then wait
-//                                                    peer's tile_done[slot]; ordered before what
-//                                                    follows
+//   x.wait_each(count, fn, target)                   for w < count: fn(w, &peer, &slot), then wait
+//                                                    peer's tile_done[slot] >= target (acquire);
+//                                                    ordered before what follows (on the GPU each
+//                                                    lane takes its own waits)
+//   x.local_reduced()                                this rank's `reduced` field (two-shot)
 //   x.sum(plan, rect, out_base, out_ld)              out = sum_s partial_s[rect] (rank order, fp32)
 //   x.notify_local(field, slot, value)               own field[slot] = value (release), after the
 //                                                    executor's stores of the item

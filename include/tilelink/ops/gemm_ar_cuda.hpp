@@ -13,10 +13,12 @@
 //                    the items still left (one shared counter).
 //   baseline         peer, ipc: cuBLAS into the partial, ncclAllReduce into C. virtual (NCCL refuses
 //                    two ranks on one GPU): cuBLAS, every tile_done set, the same AllReduce on every
-//                    SM of the rank: the same bits as the fused call.
+//                    SM of the rank. Its partials are cuBLAS's, not the engine's, so the two agree
+//                    bit for bit only where both GEMMs round alike (exact inputs: the GPU tests);
+//                    every rank's C is bit-identical to every other rank's on either path.
 //
 //   cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = 4});
-//   cuda::GemmAr op(world, RowPartition::even(M, 4), N, k_per_rank, DType::kBF16, {});
+//   cuda::GemmAr op(world, RowPartition::even(M, 4), N, k_per_rank, DType::kBF16, {});  // SMs: chosen
 //   op.run(a, b, c);             // a[r] = A_r [M, K_r], b[r] = B_r [N, K_r], c[r] = C [M, N]
 //   world.sync("gemm_ar");
 //

@@ -33,8 +33,10 @@ struct GemmArConfig {
   int gemm_tile_m = 128;
   int gemm_tile_n = 128;
   int group_m = 1;           // tile rows per L2 group of the compute order
-  int comm_workers = 1;      // CPU threads or GPU SMs running the AllReduce (0 on GPU: chosen)
-  int compute_workers = 1;   // CPU threads or GPU SMs computing tiles (0 on GPU: the rest)
+  // 0: the backend's choice (CPU: one thread each; GPU: the AllReduce on a share of the SMs, the
+  // GEMM on the rest).
+  int comm_workers = 0;      // CPU threads or GPU SMs running the AllReduce
+  int compute_workers = 0;   // CPU threads or GPU SMs computing tiles
 };
 
 struct GemmArPlan {

@@ -49,9 +49,13 @@ GemmAr::GemmAr(World& world, const RowPartition& rows, int64_t n, const std::vec
                                                                                 << world.size());
   TL_REQUIRE(static_cast<int>(k_per_rank.size()) == world.size(),
              "gemm_ar: " << k_per_rank.size() << " K_r values for a world of " << world.size());
-  TL_REQUIRE(config.comm_workers >= 1 && config.compute_workers >= 1,
-             "gemm_ar: the CPU backend needs at least one comm and one compute worker");
-  for (int r = 0; r < world.size(); ++r) plans_.push_back(GemmArPlan::make(r, rows, n, k_per_rank[r], dtype, config));
+  TL_REQUIRE(config.comm_workers >= 0 && config.compute_workers >= 0,
+             "gemm_ar: worker counts must be >= 0 (0: one thread), got " << config.comm_workers << " and "
+                                                                      << config.compute_workers);
+  GemmArConfig cfg = config;
+  cfg.comm_workers = cfg.comm_workers == 0 ? 1 : cfg.comm_workers;
+  cfg.compute_workers = cfg.compute_workers == 0 ? 1 : cfg.compute_workers;
+  for (int r = 0; r < world.size(); ++r) plans_.push_back(GemmArPlan::make(r, rows, n, k_per_rank[r], dtype, cfg));
   ws_ = world.allocate(plans_[0].num_bytes);
   epoch_.assign(world.size(), 0);
 }
