@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "op_registry.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cli {
@@ -135,6 +136,10 @@ void Args::finish() const {
 
 int main(int argc, char** argv) {
   using namespace tilelink::cli;
+#if defined(TILELINK_HAS_CUDA)
+  attach_cuda_ops();
+#endif
+  register_op_commands();
   std::vector<std::string> words(argv + 1, argv + argc);
   if (words.empty() || words[0] == "help" || words[0] == "--help" || words[0] == "-h") {
     print_usage(words.empty() ? stderr : stdout);

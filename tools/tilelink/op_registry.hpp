@@ -80,10 +80,17 @@ struct OpSpec {
   int64_t c_row0_of(const OpProblem& p, int r) const { return split_n ? 0 : c_row0(p, r); }
 };
 
-// Registers `spec` and its `run <op>` and `bench <op>` commands (static initialisation).
+// Registers `spec` (static initialisation: TILELINK_REGISTER_OP). The CPU side of every op
+// (ops.cpp) registers itself; a CUDA build's tools attach the CUDA side (attach_cuda_ops).
 bool register_op(OpSpec spec);
 const std::vector<OpSpec>& op_specs();
 const OpSpec* find_op(const std::string& name);
+OpSpec* find_op_mutable(const std::string& name);
+#if defined(TILELINK_HAS_CUDA)
+void attach_cuda_ops();  // ops_cuda.cu: make_cuda and own_baseline of every op that has them
+#endif
+// Registers `run <op>` and `bench <op>` for every registered op (cmd_run.cpp; main() calls it).
+void register_op_commands();
 
 // GEMM+AR's --variant auto: one-shot or two-shot by the model (tune/gemm_ar_model.hpp).
 AllReduceAlgo choose_allreduce_algo_default(const OpProblem& p);

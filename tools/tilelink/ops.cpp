@@ -1,18 +1,11 @@
-// The ops of the command line: one OpSpec each (op_registry.hpp), with its CPU backend adapter. The
-// CUDA adapters live in ops_cuda.cu.
+// The ops of the command line and the CPU fuzzer: one OpSpec each (op_registry.hpp), with its CPU
+// backend adapter. The CUDA adapters live in ops_cuda.cu and attach themselves (attach_cuda_ops).
 #include "op_registry.hpp"
 
 #include "tilelink/backend/cpu/ops.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cli {
-
-#if defined(TILELINK_HAS_CUDA)
-// ops_cuda.cu
-std::unique_ptr<CudaOpRun> make_ag_gemm_cuda(cuda::World& world, const OpProblem& p);
-std::unique_ptr<CudaOpRun> make_gemm_rs_cuda(cuda::World& world, const OpProblem& p);
-std::unique_ptr<CudaOpRun> make_gemm_ar_cuda(cuda::World& world, const OpProblem& p);
-#endif
 
 namespace {
 
@@ -65,10 +58,6 @@ OpSpec ag_gemm_spec() {
     cfg.comm_tile_rows = p.comm_tile;
     return std::make_unique<CpuAdapter<cpu::AgGemm>>(world, p.rows, p.split, p.k, p.dtype, cfg);
   };
-#if defined(TILELINK_HAS_CUDA)
-  s.own_baseline = "cuBLAS+copy engine";
-  s.make_cuda = &make_ag_gemm_cuda;
-#endif
   return s;
 }
 
@@ -85,10 +74,6 @@ OpSpec gemm_rs_spec() {
     cfg.comm_tile_rows = p.comm_tile;
     return std::make_unique<CpuAdapter<cpu::GemmRs>>(world, p.rows, p.n, p.split, p.dtype, cfg);
   };
-#if defined(TILELINK_HAS_CUDA)
-  s.own_baseline = "cuBLAS+SM reduce";
-  s.make_cuda = &make_gemm_rs_cuda;
-#endif
   return s;
 }
 
@@ -104,10 +89,6 @@ OpSpec gemm_ar_spec() {
     cfg.algo = algo_of(p);
     return std::make_unique<CpuAdapter<cpu::GemmAr>>(world, p.rows, p.n, p.split, p.dtype, cfg);
   };
-#if defined(TILELINK_HAS_CUDA)
-  s.own_baseline = "cuBLAS+SM allreduce";
-  s.make_cuda = &make_gemm_ar_cuda;
-#endif
   return s;
 }
 

@@ -124,14 +124,25 @@ class GemmArCuda final : public CudaAdapterBase<tlc::GemmAr> {
 
 }  // namespace
 
-std::unique_ptr<CudaOpRun> make_ag_gemm_cuda(tlc::World& world, const OpProblem& p) {
-  return std::make_unique<AgGemmCuda>(world, p);
-}
-std::unique_ptr<CudaOpRun> make_gemm_rs_cuda(tlc::World& world, const OpProblem& p) {
-  return std::make_unique<GemmRsCuda>(world, p);
-}
-std::unique_ptr<CudaOpRun> make_gemm_ar_cuda(tlc::World& world, const OpProblem& p) {
-  return std::make_unique<GemmArCuda>(world, p);
+void attach_cuda_ops() {
+  struct Entry {
+    const char* name;
+    const char* own_baseline;  // the unfused baseline where NCCL cannot run (virtual ranks)
+    std::function<std::unique_ptr<CudaOpRun>(tlc::World&, const OpProblem&)> make;
+  };
+  const Entry entries[] = {
+      {"ag_gemm", "cuBLAS+copy engine", [](tlc::World& w, const OpProblem& p) { return std::make_unique<AgGemmCuda>(w, p); }},
+      {"gemm_rs", "cuBLAS+SM reduce", [](tlc::World& w, const OpProblem& p) { return std::make_unique<GemmRsCuda>(w, p); }},
+      {"gemm_ar", "cuBLAS+SM allreduce", [](tlc::World& w, const OpProblem& p) { return std::make_unique<GemmArCuda>(w, p); }},
+  };
+  for (const Entry& e : entries) {
+    OpSpec* spec = find_op_mutable(e.name);
+    TL_REQUIRE(spec, "the CUDA side of op " << e.name << " has no registered op");
+    spec->own_baseline = e.own_baseline;
+    spec->make_cuda = [make = e.make](tlc::World& w, const OpProblem& p) -> std::unique_ptr<CudaOpRun> {
+      return make(w, p);
+    };
+  }
 }
 
 }  // namespace tilelink::cli

@@ -1,0 +1,126 @@
+// Any registered op on the CPU backend, checked: fresh random inputs per the spec's operand shapes,
+// the fused op and its unfused baseline, outputs poisoned before every call (op_check.hpp).
+#include "op_check.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "tilelink/compute/cpu_gemm.hpp"
+
+namespace tilelink::cli {
+
+namespace {
+
+struct RankData {
+  std::vector<std::byte> a, b, c_fused, c_unfused;
+  std::vector<double> ref, mag;  // float64 reference and its terms' magnitude (sum of |a_i b_i|)
+};
+
+void poison(std::vector<std::byte>& v) { std::memset(v.data(), 0xff, v.size()); }  // NaN
+
+template <class Fn>
+double time_ms(Fn&& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+
+// Calls the fused op and its unfused baseline `iters` times each on every rank, outputs poisoned
+// before every call, and records the wall time of each call.
+template <class Op>
+void time_calls(cpu::World& world, Op& op, std::vector<RankData>& d, int iters,
+                std::vector<double>* fused_ms, std::vector<double>* unfused_ms) {
+  for (int it = 0; it < iters; ++it) {
+    for (auto& x : d) poison(x.c_fused), poison(x.c_unfused);
+    fused_ms->push_back(time_ms([&] {
+      world.run([&](cpu::RankContext& ctx) {
+        auto& x = d[ctx.rank];
+        op.run(ctx, x.a.data(), x.b.data(), x.c_fused.data());
+      });
+    }));
+    unfused_ms->push_back(time_ms([&] {
+      world.run([&](cpu::RankContext& ctx) {
+        auto& x = d[ctx.rank];
+        op.run_unfused(ctx, x.a.data(), x.b.data(), x.c_unfused.data());
+      });
+    }));
+  }
+}
+
+// Inputs of rank r: A_r, B_r as the spec's split says (op_registry.hpp).
+void make_inputs(const OpSpec& spec, const OpProblem& p, std::mt19937_64& rng, std::vector<RankData>& d) {
+  for (int r = 0; r < p.world; ++r) {
+    if (spec.split_n) {
+      d[r].a = random_matrix(p.rows.size(r), p.k, p.dtype, rng);
+      d[r].b = random_matrix(p.split[r], p.k, p.dtype, rng);
+    } else {
+      d[r].a = random_matrix(p.m, p.split[r], p.dtype, rng);
+      d[r].b = random_matrix(p.n, p.split[r], p.dtype, rng);
+    }
+    const size_t c_bytes = static_cast<size_t>(spec.c_rows_of(p, r) * spec.c_cols(p, r) * dtype_size(p.dtype));
+    d[r].c_fused.resize(c_bytes);
+    d[r].c_unfused.resize(c_bytes);
+  }
+}
+
+// The float64 reference of every rank's C_r.
+void make_reference(const OpSpec& spec, const OpProblem& p, std::vector<RankData>& d) {
+  const int64_t eb = dtype_size(p.dtype);
+  if (spec.split_n) {  // C_r = AllGather(A) * B_r^T
+    std::vector<std::byte> a_full;
+    for (int r = 0; r < p.world; ++r) a_full.insert(a_full.end(), d[r].a.begin(), d[r].a.end());
+    for (int r = 0; r < p.world; ++r) {
+      d[r].ref = gemm_reference_f64(a_full.data(), d[r].b.data(), p.dtype, p.m, p.split[r], p.k);
+      d[r].mag = gemm_magnitude_f64(a_full.data(), d[r].b.data(), p.dtype, p.m, p.split[r], p.k);
+    }
+    return;
+  }
+  // K split: the full sum is [A_0 .. A_W-1] * [B_0 .. B_W-1]^T over the whole K.
+  std::vector<std::byte> a_cat(static_cast<size_t>(p.m * p.k * eb)), b_cat(static_cast<size_t>(p.n * p.k * eb));
+  int64_t k0 = 0;
+  for (int r = 0; r < p.world; ++r) {
+    const int64_t kr = p.split[r];
+    for (int64_t i = 0; i < p.m; ++i)
+      std::memcpy(a_cat.data() + (i * p.k + k0) * eb, d[r].a.data() + i * kr * eb, kr * eb);
+    for (int64_t i = 0; i < p.n; ++i)
+      std::memcpy(b_cat.data() + (i * p.k + k0) * eb, d[r].b.data() + i * kr * eb, kr * eb);
+    k0 += kr;
+  }
+  const std::vector<double> full = gemm_reference_f64(a_cat.data(), b_cat.data(), p.dtype, p.m, p.n, p.k);
+  const std::vector<double> mag = gemm_magnitude_f64(a_cat.data(), b_cat.data(), p.dtype, p.m, p.n, p.k);
+  for (int r = 0; r < p.world; ++r) {
+    const int64_t row0 = spec.c_row0_of(p, r), rows = spec.c_rows_of(p, r);
+    d[r].ref.assign(full.begin() + row0 * p.n, full.begin() + (row0 + rows) * p.n);
+    d[r].mag.assign(mag.begin() + row0 * p.n, mag.begin() + (row0 + rows) * p.n);
+  }
+}
+
+}  // namespace
+
+CpuOutcome check_cpu(const OpSpec& spec, const OpProblem& p) {
+  std::mt19937_64 rng(p.seed);
+  cpu::World world(p.world, std::chrono::milliseconds(p.timeout_ms));
+  std::vector<RankData> d(p.world);
+  std::unique_ptr<CpuOpRun> op = spec.make_cpu(world, p);
+  make_inputs(spec, p, rng, d);
+  make_reference(spec, p, d);
+  CpuOutcome o;
+  std::vector<double> tf, tu;
+  time_calls(world, *op, d, p.iters, &tf, &tu);
+  for (auto& x : d) {
+    if (x.ref.empty()) continue;  // an empty output (a rank with no rows)
+    o.err_fused = std::max(o.err_fused, relative_error(x.c_fused.data(), p.dtype, x.ref));
+    o.err_unfused = std::max(o.err_unfused, relative_error(x.c_unfused.data(), p.dtype, x.ref));
+    o.err_fused_mag = std::max(o.err_fused_mag, error_vs_magnitude(x.c_fused.data(), p.dtype, x.ref, x.mag));
+    o.err_unfused_mag = std::max(o.err_unfused_mag, error_vs_magnitude(x.c_unfused.data(), p.dtype, x.ref, x.mag));
+    o.identical = o.identical && x.c_fused == x.c_unfused;
+  }
+  o.t_fused = median(tf);
+  o.t_unfused = median(tu);
+  return o;
+}
+
+
+}  // namespace tilelink::cli
