@@ -27,13 +27,14 @@ fi
 if [ "$WHAT" = all ] || [ "$WHAT" = collectives ]; then
   for c in allgather reduce_scatter allreduce; do
     for w in $WORLDS; do
-      echo "\$ tilelink bench $c --world $w"
-      "$BIN/tilelink" bench "$c" --world "$w" || status=1
+      echo "\$ tilelink bench $c --world $w --warmup 1 --iters 5"
+      "$BIN/tilelink" bench "$c" --world "$w" --warmup 1 --iters 5 || status=1
     done
   done
   for w in $WORLDS; do
-    echo "\$ tilelink bench allreduce --world $w --variant one-shot --max-bytes 16777216"
-    "$BIN/tilelink" bench allreduce --world "$w" --variant one-shot --max-bytes 16777216 || status=1
+    echo "\$ tilelink bench allreduce --world $w --variant one-shot --max-bytes 16777216 --warmup 1 --iters 5"
+    "$BIN/tilelink" bench allreduce --world "$w" --variant one-shot --max-bytes 16777216 --warmup 1 --iters 5 ||
+      status=1
   done
 fi
 exit $status

@@ -151,8 +151,11 @@ int bench_coll(Args& args, const std::string& coll) {
       Outputs in(w, in_bytes);
       std::vector<const void*> a(W);
       for (int r : w.local_ranks()) fill(w, r, in.p[r], part.size(r) * cols, 0), a[r] = in.p[r];
-      const int tile = static_cast<int>(std::clamp<int64_t>(part.size(0) / 4, 1, 4096));
-      tlc::AllGatherCollective sm(w, part, cols, false, tile), ce(w, part, cols, true, tile);
+      // SMs: tiles small enough that every block of every rank has several (a block moves a tile);
+      // copy engine: one tile a segment (each tile costs a stream wait, a copy and a notify).
+      const int sm_tile = static_cast<int>(std::clamp<int64_t>(m / (4 * w.sm_count(0)), 1, 4096));
+      const int ce_tile = static_cast<int>(std::min<int64_t>(part.size(0), 1 << 20));
+      tlc::AllGatherCollective sm(w, part, cols, false, sm_tile), ce(w, part, cols, true, ce_tile);
       row.us = time_us(w, "allgather", warmup, iters, [&] { sm.run(a); });
       for (int r : w.local_ranks()) row.wrong += count_bad(w, r, sm.gathered(r), m * cols, 0, part.size(0) * cols, 0);
       row.base_us = time_us(w, "allgather(copy engine)", warmup, iters, [&] { ce.run(a); });

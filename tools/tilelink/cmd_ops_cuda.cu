@@ -179,23 +179,25 @@ struct BenchRow {
   double t_base, t_comm, t_gemm, t_fused;
   OpPath chosen;
   double t_together = NAN;  // the parts side by side, unlinked (AG+GEMM only; NAN: not measured)
-  double t_floor = NAN;     // the op's floor (FloorProbe; NAN: none)
+  double t_comm_floor = NAN;  // the comm's floor (FloorProbe; NAN: none)
 };
 
 void print_table(const std::vector<BenchRow>& rows) {
   // "together": both parts launched as the fused call launches them, the GEMM not waiting for the
   // comm: what their contention alone costs (fused minus together is what the waits cost).
   bool floors = false;
-  for (const BenchRow& r : rows) floors = floors || !std::isnan(r.t_floor);
-  // "floor": a signal round trip plus the peers' bytes read at the measured per-SM rate on every SM
+  for (const BenchRow& r : rows) floors = floors || !std::isnan(r.t_comm_floor);
+  // "comm floor": a signal round trip plus the peers' bytes read at the rate measured on every SM
+  // of the rank (FloorProbe); "floor": max(T_gemm, comm floor), the least a fused call can take with
+  // its GEMM as measured alone and its communication at the floor, hidden behind it.
   // of the rank (FloorProbe): no fused call can be faster.
   std::printf(
       "\n| op | transport | world | M | N | K | baseline | baseline ms | T_comm ms | T_gemm ms | "
       "ideal ms | together ms | fused ms | speedup | overlap eff. | fused TFLOP/s | auto path | "
-      "auto ms |%s\n", floors ? " floor ms | fused / floor |" : "");
+      "auto ms |%s\n", floors ? " comm floor ms | floor ms | fused / floor |" : "");
   std::printf(
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-      "--- | --- | --- |%s\n", floors ? " --- | --- |" : "");
+      "--- | --- | --- |%s\n", floors ? " --- | --- | --- |" : "");
   for (const BenchRow& r : rows) {
     if (std::isnan(r.t_fused)) {  // --baseline-only
       std::printf(
@@ -203,7 +205,7 @@ void print_table(const std::vector<BenchRow>& rows) {
           "|%s\n",
           r.op, r.transport.c_str(), r.world, static_cast<long long>(r.p.m),
           static_cast<long long>(r.p.n), static_cast<long long>(r.p.k), r.baseline.c_str(),
-          r.t_base, floors ? " - | - |" : "");
+          r.t_base, floors ? " - | - | - |" : "");
       continue;
     }
     const double ideal = std::max(r.t_gemm, r.t_comm);
@@ -224,8 +226,12 @@ void print_table(const std::vector<BenchRow>& rows) {
         r.t_comm, r.t_gemm, ideal, together, r.t_fused, r.t_base / r.t_fused, eff,
         flops / (r.t_fused * 1e9), op_path_name(r.chosen), t_auto);
     if (floors) {
-      if (std::isnan(r.t_floor)) std::printf(" - | - |");
-      else std::printf(" %.4f | %.2f |", r.t_floor, r.t_fused / r.t_floor);
+      if (std::isnan(r.t_comm_floor)) {
+        std::printf(" - | - | - |");
+      } else {
+        const double floor = std::max(r.t_gemm, r.t_comm_floor);
+        std::printf(" %.4f | %.4f | %.2f |", r.t_comm_floor, floor, r.t_fused / floor);
+      }
     }
     std::printf("\n");
   }
@@ -394,12 +400,12 @@ bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const s
   print_world1_overhead(world, n.c_str(), iters, parts[1 - comm].enqueue, fused);
   const double peer_bytes = op->peer_bytes(r0);
   if (floor && world.size() > 1 && !std::isnan(peer_bytes))
-    row.t_floor = floor->floor_ms(peer_bytes);
+    row.t_comm_floor = floor->floor_ms(peer_bytes);
   if (printer(world)) {
     std::printf("  bench: baseline %.3f ms, %s %.3f ms, %s %.3f ms, fused %.3f ms", t_base, parts[0].label.c_str(),
                 t_part[0], parts[1].label.c_str(), t_part[1], t_fused);
     if (!std::isnan(t_together)) std::printf(", together (unlinked) %.3f ms", t_together);
-    if (!std::isnan(row.t_floor)) std::printf(", floor %.4f ms", row.t_floor);
+    if (!std::isnan(row.t_comm_floor)) std::printf(", comm floor %.4f ms", row.t_comm_floor);
     std::printf("\n");
     std::fflush(stdout);
   }

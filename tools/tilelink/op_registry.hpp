@@ -21,7 +21,9 @@
 #include "tilelink/tune/path_model.hpp"
 
 #if defined(TILELINK_HAS_CUDA)
-#include "tilelink/runtime/world.hpp"
+namespace tilelink::cuda {
+class World;  // runtime/world.hpp (CUDA headers: not for the host compiler's sources)
+}
 #endif
 
 namespace tilelink::cli {
