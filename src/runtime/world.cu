@@ -24,8 +24,17 @@ namespace {
 // NOTE: before any CUDA call of the program (static initialization of the library), and again in
 // the World constructor in case a program made this object file load late: lazy module loading
 // deadlocks a kernel that spins on a flag set by a not-yet-loaded kernel (docs/design.md, the GPU machines).
-const bool kEagerLoading = [] {
+// Likewise the number of hardware work queues a context spreads its streams over (8 by default):
+// with more streams than queues, streams share one, and a copy-engine stream wait of one rank then
+// holds back another rank's copy queued behind it. Measured on the H200 (2026-12-02): the
+// copy-engine AllGather of `tilelink bench allgather` hung at worlds 5, 6 and 8 of virtual ranks with
+// the default, and ran at world 8 with 32 (the most CUDA takes). A value the user set is kept.
+void set_runtime_environment() {
   setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+}
+const bool kEagerLoading = [] {
+  set_runtime_environment();
   return true;
 }();
 
@@ -111,7 +120,7 @@ const std::vector<GreenRank>& green_contexts(CUdevice dev, int device, int n, in
 
 World::World(const WorldOptions& options) : options_(options) {
   (void)kEagerLoading;
-  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  set_runtime_environment();
   TL_REQUIRE(options.timeout.count() > 0, "world: wait timeout must be positive");
   switch (options.transport) {
     case Transport::kVirtual: init_virtual(); break;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -94,6 +95,16 @@ double time_us(tlc::World& w, const char* op, int warmup, int iters, const std::
   return t[2];
 }
 
+// TILELINK_CLI_TRACE=1: each step on stderr with the wall clock, flushed: where a hang sits.
+void trace(const char* step, int64_t bytes) {
+  static const bool on = std::getenv("TILELINK_CLI_TRACE") != nullptr;
+  if (!on) return;
+  std::fprintf(stderr, "[trace %.3f] %s (%lld bytes)\n",
+               std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(), step,
+               static_cast<long long>(bytes));
+  std::fflush(stderr);
+}
+
 struct Row {
   int64_t bytes;
   double us, base_us = NAN;
@@ -155,9 +166,13 @@ int bench_coll(Args& args, const std::string& coll) {
       // copy engine: one tile a segment (each tile costs a stream wait, a copy and a notify).
       const int sm_tile = static_cast<int>(std::clamp<int64_t>(m / (4 * w.sm_count(0)), 1, 4096));
       const int ce_tile = static_cast<int>(std::min<int64_t>(part.size(0), 1 << 20));
+      trace("allgather: making the SM and copy-engine collectives", size);
       tlc::AllGatherCollective sm(w, part, cols, false, sm_tile), ce(w, part, cols, true, ce_tile);
+      trace("allgather: timing the SM collective", size);
       row.us = time_us(w, "allgather", warmup, iters, [&] { sm.run(a); });
+      trace("allgather: checking", size);
       for (int r : w.local_ranks()) row.wrong += count_bad(w, r, sm.gathered(r), m * cols, 0, part.size(0) * cols, 0);
+      trace("allgather: timing the copy-engine collective", size);
       row.base_us = time_us(w, "allgather(copy engine)", warmup, iters, [&] { ce.run(a); });
       for (int r : w.local_ranks()) row.wrong += count_bad(w, r, ce.gathered(r), m * cols, 0, part.size(0) * cols, 0);
     } else if (coll == "reduce_scatter") {
