@@ -10,6 +10,8 @@
 
 #include "tilelink/backend/cpu/prim.hpp"
 #include "tilelink/comm/allreduce.hpp"
+#include "tilelink/comm/alltoall.hpp"
+#include "tilelink/core/error.hpp"
 
 namespace tilelink::cpu {
 
@@ -57,6 +59,34 @@ struct AllReduceExec {
                    Copy2D{heap.peer(owner, p.f.reduced) + (r.row * p.n + r.col) * eb, p.n * eb,
                           static_cast<std::byte*>(dst) + (r.row * dst_ld + r.col) * eb, dst_ld * eb, r.rows,
                           r.cols * eb});
+  }
+};
+
+// The AllToAll exchange's executor (comm/alltoall.hpp) on a rank thread.
+struct AllToAllExec {
+  const RankContext& ctx;
+  const SymmetricView& heap;
+  const AllToAllPlan& p;
+
+  void put_count(int peer, int slot, int64_t n) { heap.peer(peer, p.f.counts)[slot] = n; }
+  void notify_peer(int peer, Field<Signal> f, int slot, uint64_t value) {
+    peer_tile_notify(ctx, heap, peer, f, slot, value);
+  }
+  void wait_local(Field<Signal> f, int slot, uint64_t target) {
+    consumer_tile_wait(ctx, heap, f, slot, target, WaitSite{f.offset == p.f.counts_ready.offset ? "counts_ready" : "rows_ready", slot});
+  }
+  int64_t local_count(int slot) const { return heap.local(p.f.counts)[slot]; }
+  void push_rows(int peer, int64_t offset, const void* src, int64_t bytes) {
+    tile_push_data(ctx, peer, Copy2D{src, bytes, heap.peer(peer, p.f.staging) + offset, bytes, 1, bytes});
+  }
+  void copy_local(int64_t offset, void* dst, int64_t bytes) {
+    tile_pull_data(ctx, ctx.rank, Copy2D{heap.local(p.f.staging) + offset, bytes, dst, bytes, 1, bytes});
+  }
+  [[noreturn]] void fail_capacity(int peer, int64_t n) {
+    std::ostringstream os;
+    os << "alltoall: rank " << ctx.rank << " sends " << n << " rows to rank " << peer << "; the plan holds 0.."
+       << p.capacity << " a pair";
+    ::tilelink::detail::throw_error(__FILE__, __LINE__, os.str());
   }
 };
 

@@ -1,4 +1,4 @@
-// Host constructor of the AllReduce comm plan: every check happens here, before anything runs.
+// Host constructors of the comm plans (AllReduce, AllToAll): every check happens here, before anything runs.
 #include "tilelink/comm/allreduce.hpp"
 
 #include "tilelink/core/error.hpp"
@@ -46,6 +46,38 @@ void AllReducePlan::make_layout(LayoutBuilder& b) {
   f.reduced = b.add<std::byte>(two ? bytes : 0);
   f.band_ready = b.add<Signal>(two ? max_items : 0);
   f.claims = b.add<uint64_t>(2);
+}
+
+}  // namespace tilelink
+
+// ---- AllToAll ---------------------------------------------------------------------------------
+
+#include "tilelink/comm/alltoall.hpp"
+
+namespace tilelink {
+
+AllToAllPlan AllToAllPlan::make(int rank, int world_size, int64_t row_bytes, int64_t capacity) {
+  TL_REQUIRE(world_size >= 1 && world_size <= kMaxWorldSize,
+             "alltoall: world size must be in [1, " << kMaxWorldSize << "], got " << world_size);
+  TL_REQUIRE(rank >= 0 && rank < world_size, "alltoall: rank " << rank << " outside a world of " << world_size);
+  TL_REQUIRE(row_bytes >= 1 && row_bytes <= (int64_t{1} << 30),
+             "alltoall: row_bytes must be in [1, 2^30], got " << row_bytes);
+  TL_REQUIRE(capacity >= 0 && capacity <= (int64_t{1} << 40) / row_bytes / world_size,
+             "alltoall: a capacity of " << capacity << " rows of " << row_bytes << " bytes from each of "
+                                        << world_size << " ranks is out of range");
+  AllToAllPlan p;
+  p.rank = rank;
+  p.world_size = world_size;
+  p.row_bytes = row_bytes;
+  p.capacity = capacity;
+  return p;
+}
+
+void AllToAllPlan::make_layout(LayoutBuilder& b) {
+  f.counts = b.add<int64_t>(world_size);
+  f.counts_ready = b.add<Signal>(world_size);
+  f.staging = b.add<std::byte>(static_cast<int64_t>(world_size) * capacity * row_bytes);
+  f.rows_ready = b.add<Signal>(world_size);
 }
 
 }  // namespace tilelink
