@@ -92,7 +92,7 @@ say '```'
 HAVE_MPI=1
 command -v mpirun >/dev/null || { HAVE_MPI=0; say "NOTE: no mpirun here: the ipc transport is NOT run"; }
 
-# ---- the shapes (issue 6): MxNxK, N and K totals over the ranks ---------------------------------
+# ---- the shapes: MxNxK, N and K totals over the ranks ---------------------------------
 AG_BIG="8192x11008x4096,8192x14336x4096,8192x28672x8192,8192x53248x16384"
 AG_SMALL_M="1024x11008x4096,2048x11008x4096,1024x28672x8192,2048x28672x8192"
 RS_BIG="8192x4096x11008,8192x4096x14336,8192x8192x28672,8192x8192x29568"

@@ -81,15 +81,15 @@ GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64
   // through the whole GEMM. NOTE: the staggered order (rank r from rank r+1's segment on, its own
   // last) left every owner's tiles to the second half of some rank's GEMM at world 2 (the last 1/W
   // at world W): the reduce ran in half the time, and a 1-2-wave GEMM left all of it for after
-  // (bench/notes/fused_ops_cuda.md, session 9).
+  // (bench/notes/fused_ops_cuda.md, the banded compute order).
   const int W = rows.world_size;
   const int group = static_cast<int>(ceil_div(config.group_m, W)) * W;
   p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(), 0, group, W};
   // NOTE: row-major, with workers taking every stride-th reduce tile, each worker kept one column
   // block: the GEMM sweeps a group of rows column by column, so the workers of the last columns
   // waited for the end of every group and about half the reduce ran after the GEMM (H200, 2 GPUs:
-  // bench/notes/fused_ops_cuda.md, session 6). In the GEMM's own order the reduce keeps pace: a
-  // group holds group / W of the rank's own tile rows.
+  // bench/notes/fused_ops_cuda.md, the reduce walks the GEMM's order). In the GEMM's own order the
+  // reduce keeps pace: a group holds group / W of the rank's own tile rows.
   const int group_rows = static_cast<int>(
       ceil_div(static_cast<int64_t>(group / W) * config.gemm_tile_m, config.comm_tile_rows));
   p.reduce_order = TileOrder{p.reduce_rows.tiles_of(rank), p.reduce_col_blocks(), 0, group_rows};
