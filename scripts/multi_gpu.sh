@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6 on a multi-GPU machine, in one go: topology, NCCL bandwidth at the shapes' message sizes,
+# The multi-GPU sweep on a multi-GPU machine, in one go: topology, NCCL bandwidth at the shapes' message sizes,
 # `tilelink bench ag_gemm|gemm_rs` over the peer and ipc transports at world W = the GPU count
 # (fused vs cuBLAS+NCCL vs the ideal bound), and PyTorch's async-TP fused ops on the same shapes.
 #   bash scripts/multi_gpu.sh [bin-dir]

@@ -24,6 +24,7 @@
 
 #include "cli.hpp"
 #include "floor_probe.hpp"
+#include "op_check.hpp"
 #include "op_registry.hpp"
 #include "problem.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -320,21 +321,12 @@ bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const s
   world.sync((p.op + "(unfused)").c_str());
   trace(world, "unfused call done");
 
-  // The float64 reference: N split, AllGather(A) * B_r^T; K split, rows of [A_0 ..] [B_0 ..]^T.
-  std::vector<std::byte> a_full;
-  std::vector<double> full;
-  if (with_ref && spec.split_n) {
-    for (int r = 0; r < W; ++r) a_full.insert(a_full.end(), ha[r].begin(), ha[r].end());
-  } else if (with_ref) {
-    std::vector<std::byte> a_cat(p.m * p.k * 2), b_cat(p.n * p.k * 2);
-    int64_t k0 = 0;
-    for (int r = 0; r < W; ++r) {
-      const int64_t kr = p.split[r];
-      for (int64_t i = 0; i < p.m; ++i) std::memcpy(&a_cat[(i * p.k + k0) * 2], &ha[r][i * kr * 2], kr * 2);
-      for (int64_t i = 0; i < p.n; ++i) std::memcpy(&b_cat[(i * p.k + k0) * 2], &hb[r][i * kr * 2], kr * 2);
-      k0 += kr;
-    }
-    full = gemm_reference_f64(a_cat.data(), b_cat.data(), DType::kBF16, p.m, p.n, p.k);
+  // The float64 reference of the local ranks' outputs (op_check.hpp).
+  Reference want;
+  if (with_ref) {
+    std::vector<const std::byte*> ia(W), ib(W);
+    for (int r = 0; r < W; ++r) ia[r] = ha[r].data(), ib[r] = hb[r].data();
+    want = reference_f64(spec, p, ia, ib, world.local_ranks(), false);
   }
   double err_base = 0, err_ref = 0, err_base_ref = 0;
   for (int r : world.local_ranks()) {
@@ -350,13 +342,7 @@ bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const s
       err_base = std::max(err_base, relative_error(c.data(), DType::kBF16, base));
     }
     if (with_ref) {
-      std::vector<double> ref;
-      if (spec.split_n) {
-        ref = gemm_reference_f64(a_full.data(), hb[r].data(), DType::kBF16, p.m, cols_r, p.k);
-      } else {
-        const int64_t row0 = spec.c_row0_of(p, r);
-        ref.assign(full.begin() + row0 * p.n, full.begin() + (row0 + rows_r) * p.n);
-      }
+      const std::vector<double>& ref = want.ref[r];
       if (!p.baseline_only) err_ref = std::max(err_ref, relative_error(c.data(), DType::kBF16, ref));
       err_base_ref = std::max(err_base_ref, relative_error(c_ref.data(), DType::kBF16, ref));
     }

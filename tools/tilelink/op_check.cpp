@@ -65,39 +65,44 @@ void make_inputs(const OpSpec& spec, const OpProblem& p, std::mt19937_64& rng, s
   }
 }
 
-// The float64 reference of every rank's C_r.
-void make_reference(const OpSpec& spec, const OpProblem& p, std::vector<RankData>& d) {
+}  // namespace
+
+Reference reference_f64(const OpSpec& spec, const OpProblem& p, const std::vector<const std::byte*>& a,
+                        const std::vector<const std::byte*>& b, const std::vector<int>& ranks, bool magnitude) {
+  Reference out;
+  out.ref.resize(p.world);
+  out.mag.resize(p.world);
   const int64_t eb = dtype_size(p.dtype);
   if (spec.split_n) {  // C_r = AllGather(A) * B_r^T
-    std::vector<std::byte> a_full;
-    for (int r = 0; r < p.world; ++r) a_full.insert(a_full.end(), d[r].a.begin(), d[r].a.end());
-    for (int r = 0; r < p.world; ++r) {
-      d[r].ref = gemm_reference_f64(a_full.data(), d[r].b.data(), p.dtype, p.m, p.split[r], p.k);
-      d[r].mag = gemm_magnitude_f64(a_full.data(), d[r].b.data(), p.dtype, p.m, p.split[r], p.k);
+    std::vector<std::byte> a_full(static_cast<size_t>(p.m * p.k * eb));
+    for (int r = 0; r < p.world; ++r)
+      if (p.rows.size(r) > 0)
+        std::memcpy(a_full.data() + p.rows.begin(r) * p.k * eb, a[r], static_cast<size_t>(p.rows.size(r) * p.k * eb));
+    for (int r : ranks) {
+      out.ref[r] = gemm_reference_f64(a_full.data(), b[r], p.dtype, p.m, p.split[r], p.k);
+      if (magnitude) out.mag[r] = gemm_magnitude_f64(a_full.data(), b[r], p.dtype, p.m, p.split[r], p.k);
     }
-    return;
+    return out;
   }
   // K split: the full sum is [A_0 .. A_W-1] * [B_0 .. B_W-1]^T over the whole K.
   std::vector<std::byte> a_cat(static_cast<size_t>(p.m * p.k * eb)), b_cat(static_cast<size_t>(p.n * p.k * eb));
   int64_t k0 = 0;
   for (int r = 0; r < p.world; ++r) {
     const int64_t kr = p.split[r];
-    for (int64_t i = 0; i < p.m; ++i)
-      std::memcpy(a_cat.data() + (i * p.k + k0) * eb, d[r].a.data() + i * kr * eb, kr * eb);
-    for (int64_t i = 0; i < p.n; ++i)
-      std::memcpy(b_cat.data() + (i * p.k + k0) * eb, d[r].b.data() + i * kr * eb, kr * eb);
+    for (int64_t i = 0; i < p.m; ++i) std::memcpy(a_cat.data() + (i * p.k + k0) * eb, a[r] + i * kr * eb, kr * eb);
+    for (int64_t i = 0; i < p.n; ++i) std::memcpy(b_cat.data() + (i * p.k + k0) * eb, b[r] + i * kr * eb, kr * eb);
     k0 += kr;
   }
   const std::vector<double> full = gemm_reference_f64(a_cat.data(), b_cat.data(), p.dtype, p.m, p.n, p.k);
-  const std::vector<double> mag = gemm_magnitude_f64(a_cat.data(), b_cat.data(), p.dtype, p.m, p.n, p.k);
-  for (int r = 0; r < p.world; ++r) {
+  std::vector<double> mag;
+  if (magnitude) mag = gemm_magnitude_f64(a_cat.data(), b_cat.data(), p.dtype, p.m, p.n, p.k);
+  for (int r : ranks) {
     const int64_t row0 = spec.c_row0_of(p, r), rows = spec.c_rows_of(p, r);
-    d[r].ref.assign(full.begin() + row0 * p.n, full.begin() + (row0 + rows) * p.n);
-    d[r].mag.assign(mag.begin() + row0 * p.n, mag.begin() + (row0 + rows) * p.n);
+    out.ref[r].assign(full.begin() + row0 * p.n, full.begin() + (row0 + rows) * p.n);
+    if (magnitude) out.mag[r].assign(mag.begin() + row0 * p.n, mag.begin() + (row0 + rows) * p.n);
   }
+  return out;
 }
-
-}  // namespace
 
 CpuOutcome check_cpu(const OpSpec& spec, const OpProblem& p) {
   std::mt19937_64 rng(p.seed);
@@ -105,7 +110,12 @@ CpuOutcome check_cpu(const OpSpec& spec, const OpProblem& p) {
   std::vector<RankData> d(p.world);
   std::unique_ptr<CpuOpRun> op = spec.make_cpu(world, p);
   make_inputs(spec, p, rng, d);
-  make_reference(spec, p, d);
+  std::vector<const std::byte*> a(p.world), b(p.world);
+  for (int r = 0; r < p.world; ++r) a[r] = d[r].a.data(), b[r] = d[r].b.data();
+  std::vector<int> ranks(p.world);
+  for (int r = 0; r < p.world; ++r) ranks[r] = r;
+  Reference want = reference_f64(spec, p, a, b, ranks, true);
+  for (int r = 0; r < p.world; ++r) d[r].ref = std::move(want.ref[r]), d[r].mag = std::move(want.mag[r]);
   CpuOutcome o;
   std::vector<double> tf, tu;
   time_calls(world, *op, d, p.iters, &tf, &tu);

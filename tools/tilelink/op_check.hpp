@@ -5,6 +5,9 @@
 // for bit. The one harness of `tilelink run --backend cpu` and of the CPU fuzzer.
 #pragma once
 
+#include <cstddef>
+#include <vector>
+
 #include "op_registry.hpp"
 
 namespace tilelink::cli {
@@ -19,5 +22,15 @@ struct CpuOutcome {
 };
 
 CpuOutcome check_cpu(const OpSpec& spec, const OpProblem& p);
+
+// The float64 reference of C_r for each rank of `ranks` (and, with `magnitude`, the terms'
+// magnitude), indexed by rank (empty for ranks not asked): N split, AllGather(A) * B_r^T; K split,
+// the rows C_r holds of [A_0 .. A_W-1] * [B_0 .. B_W-1]^T. a[r], b[r]: every rank's inputs, host
+// memory in p.dtype, shaped as the spec says. Shared by the CPU check and the CUDA runs.
+struct Reference {
+  std::vector<std::vector<double>> ref, mag;
+};
+Reference reference_f64(const OpSpec& spec, const OpProblem& p, const std::vector<const std::byte*>& a,
+                        const std::vector<const std::byte*>& b, const std::vector<int>& ranks, bool magnitude);
 
 }  // namespace tilelink::cli

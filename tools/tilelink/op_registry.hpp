@@ -94,8 +94,9 @@ void attach_cuda_ops();  // ops_cuda.cu: make_cuda and own_baseline of every op 
 // Registers `run <op>` and `bench <op>` for every registered op (cmd_run.cpp; main() calls it).
 void register_op_commands();
 
-// GEMM+AR's --variant auto: one-shot or two-shot by the model (tune/gemm_ar_model.hpp).
-AllReduceAlgo choose_allreduce_algo_default(const OpProblem& p);
+// GEMM+AR's algorithm for a problem: --variant one-shot|two-shot, or for auto the model's choice
+// (tune/gemm_ar_model.hpp).
+AllReduceAlgo allreduce_algo_of(const OpProblem& p);
 
 // The commands' bodies (cmd_run.cpp; cmd_ops_cuda.cu, or a refusal without CUDA).
 int run_op_command(Args& args, const OpSpec& spec);

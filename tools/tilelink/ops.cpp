@@ -35,12 +35,6 @@ Config cpu_config(const OpProblem& p) {
   return cfg;
 }
 
-AllReduceAlgo algo_of(const OpProblem& p) {
-  if (p.variant == "two-shot") return AllReduceAlgo::kTwoShot;
-  if (p.variant == "one-shot") return AllReduceAlgo::kOneShot;
-  return choose_allreduce_algo_default(p);
-}
-
 int64_t all_rows(const OpProblem& p, int) { return p.m; }
 int64_t first_row(const OpProblem&, int) { return 0; }
 int64_t segment_rows(const OpProblem& p, int r) { return p.rows.size(r); }
@@ -86,7 +80,7 @@ OpSpec gemm_ar_spec() {
   s.c_row0 = &first_row;
   s.make_cpu = [](cpu::World& world, const OpProblem& p) -> std::unique_ptr<CpuOpRun> {
     GemmArConfig cfg = cpu_config<GemmArConfig>(p);
-    cfg.algo = algo_of(p);
+    cfg.algo = allreduce_algo_of(p);
     return std::make_unique<CpuAdapter<cpu::GemmAr>>(world, p.rows, p.n, p.split, p.dtype, cfg);
   };
   return s;
@@ -94,7 +88,9 @@ OpSpec gemm_ar_spec() {
 
 }  // namespace
 
-AllReduceAlgo choose_allreduce_algo_default(const OpProblem& p) {
+AllReduceAlgo allreduce_algo_of(const OpProblem& p) {
+  if (p.variant == "two-shot") return AllReduceAlgo::kTwoShot;
+  if (p.variant == "one-shot") return AllReduceAlgo::kOneShot;
   return choose_allreduce_algo(p.m, p.n, p.world, p.dtype);
 }
 

@@ -98,9 +98,7 @@ class GemmRsCuda final : public CudaAdapterBase<tlc::GemmRs> {
 class GemmArCuda final : public CudaAdapterBase<tlc::GemmAr> {
  public:
   GemmArCuda(tlc::World& world, const OpProblem& p) {
-    cfg_.algo = p.variant == "two-shot"   ? AllReduceAlgo::kTwoShot
-                : p.variant == "one-shot" ? AllReduceAlgo::kOneShot
-                                          : choose_allreduce_algo_default(p);
+    cfg_.algo = allreduce_algo_of(p);
     cfg_.comm_workers = p.comm_sms;  // 0: the op's share
     cfg_.compute_workers = 0;
     op_ = std::make_unique<tlc::GemmAr>(world, p.rows, p.n, p.split, DType::kBF16, cfg_);
@@ -139,9 +137,7 @@ void attach_cuda_ops() {
     OpSpec* spec = find_op_mutable(e.name);
     TL_REQUIRE(spec, "the CUDA side of op " << e.name << " has no registered op");
     spec->own_baseline = e.own_baseline;
-    spec->make_cuda = [make = e.make](tlc::World& w, const OpProblem& p) -> std::unique_ptr<CudaOpRun> {
-      return make(w, p);
-    };
+    spec->make_cuda = e.make;
   }
 }
 
