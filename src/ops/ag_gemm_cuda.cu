@@ -1,12 +1,9 @@
 // Fused AllGather+GEMM on the CUDA backend: the copy-engine comm program and the sm90 engine with a
-// per-tile wait hook (see include/tilelink/ops/ag_gemm_cuda.hpp).
+// per-tile wait hook (see include/tilelink/ops/ag_gemm_cuda.hpp), on the fused-op runtime
+// (fused_runtime.hpp).
 #include "tilelink/ops/ag_gemm_cuda.hpp"
 
-#include <cublas_v2.h>
-
-#include "call_epochs.hpp"
-#include "engine_prep.cuh"
-#include "rank_lanes.hpp"
+#include "fused_runtime.hpp"
 
 #include <cuda/atomic>
 #include <cuda/ptx>
@@ -19,6 +16,8 @@
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cuda {
+
+using detail::LaunchOrder;
 
 namespace {
 
@@ -108,49 +107,35 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
     }
     plans_.push_back(AgGemmPlan::make(r, rows, n_per_rank[r], k, dtype, c));
   }
-  ws_ = world.allocate(plans_[0].ws.num_bytes);
-
-  lanes_ = std::make_unique<detail::RankLanes>(world);
-  epochs_ = std::make_unique<detail::CallEpochs>(world);
-  engine_ws_ = std::make_unique<detail::EngineWorkspaces>(
-      world, [&](int r) { return detail::engine_args(plans_[r], nullptr, nullptr, nullptr, 0); });
+  rt_ = std::make_unique<detail::FusedRuntime>(world, "ag_gemm", plans_[0].ws.num_bytes);
+  rt_->init_engine(plans_);
   // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
   auto passing_hooks = [&](int r) {
-    return AgGemmWaitHooks{world.device_context(r), ws_.view(r), plans_[r].ws.tile_ready, plans_[r].comm,
+    return AgGemmWaitHooks{world.device_context(r), rt_->view(r), plans_[r].ws.tile_ready, plans_[r].comm,
                            plans_[r].gemm.tiles_n(), Epoch{0}};  // epoch 0: every wait passes
   };
-  detail::prepare_engine<AgGemmWaitHooks>(world, passing_hooks);
-  detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
+  rt_->prepare_engine<AgGemmWaitHooks>(passing_hooks);
   bool any_direct = false;
   for (int r : world.local_ranks()) any_direct = any_direct || own_direct(r);
-  if (any_direct) detail::prepare_engine<AgGemmWaitHooks, true>(world, passing_hooks);
+  if (any_direct) rt_->prepare_engine<AgGemmWaitHooks, true>(passing_hooks);
 }
 
 AgGemm::~AgGemm() = default;
 
 compute::sm90::GemmWork AgGemm::gemm_work(int rank) const {
-  return engine_ws_->work(
-      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank)), rank);
+  return rt_->work(detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank)), rank);
 }
 
 int AgGemm::gemm_sms(int rank) const {
+  // The rank's SMs less the comm kernel's, or with the copy engine less what it needs: same-GPU
+  // copies run on SMs (virtual ranks), and in graph mode the signal operations beside the GEMM are
+  // one-thread kernels (tune/sm_split.hpp).
   // NOTE: measured on the H200: with the persistent GEMM holding every SM of the rank, the comm
   // program's device-to-device cudaMemcpy2DAsync never ran (the GEMM's waits timed out); with a few
-  // SMs left free it did. The driver runs such copies on SMs, so compute_workers = 0 leaves
-  // kCopySpareSms of the rank's SMs to them. (bench/diag/ce_probe.cu shows it on one GPU: with every
-  // thread slot of every SM held, a same-GPU cudaMemcpyAsync waits for the SMs, and so does
-  // cudaMemcpyBatchAsync with cudaMemcpyFlagPreferOverlapWithCompute.)
-  const int total = world_.sm_count(rank);
-  const AgGemmConfig& cfg = plans_[rank].config;
-  if (cfg.compute_workers > 0) return cfg.compute_workers;
-  if (world_.size() == 1) return total;  // no comm program
-  if (comm_sms(rank) > 0) return total - comm_sms(rank);  // the comm kernel's SMs
-  // Separate GPUs: peer copies leave the SMs alone. In graph mode the signal operations beside the
-  // GEMM are one-thread kernels (backend/cuda/stream_prim.cu), and a GEMM block fills a whole SM,
-  // so kGraphSignalSms are left to them; eager calls use stream memory operations and need none.
-  if (local_before_gemm())
-    return epochs_->graph_mode() && total > kGraphSignalSms ? total - kGraphSignalSms : total;
-  return total > kCopySpareSms ? total - kCopySpareSms : total;
+  // SMs left free it did (bench/diag/ce_probe.cu: with every thread slot of every SM held, a
+  // same-GPU cudaMemcpyAsync waits for the SMs, and so does cudaMemcpyBatchAsync with
+  // cudaMemcpyFlagPreferOverlapWithCompute).
+  return rt_->split(rank, plans_.at(rank).config.compute_workers, comm_sms(rank)).gemm_sms;
 }
 
 int AgGemm::comm_sms(int rank) const {
@@ -164,38 +149,30 @@ int AgGemm::comm_sms(int rank) const {
   // differs from the push's in its memcpy nodes reading the peer's memory. So a captured pull on
   // separate GPUs moves its tiles on kGraphPullSms SMs (the same pull protocol: peers may be
   // eager).
-  const bool graph_pull = epochs_->graph_mode() && world_.transport() != Transport::kVirtual &&
+  const bool graph_pull = rt_->graph_mode() && world_.transport() != Transport::kVirtual &&
                           world_.size() > 1 && cfg.mode == CommMode::kPull;
   return graph_pull ? kGraphPullSms : 0;
 }
 
-const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ws.gathered.in(ws_.base(rank)); }
+const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ws.gathered.in(rt_->heap().base(rank)); }
 
 void AgGemm::check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                         const std::vector<void*>& c) const {
-  const int W = world_.size();
-  TL_REQUIRE(static_cast<int>(a.size()) == W && static_cast<int>(b.size()) == W &&
-                 static_cast<int>(c.size()) == W,
-             "ag_gemm: pass one A, B and C entry per rank (" << W << ")");
-  for (int r : world_.local_ranks()) {
-    TL_REQUIRE((a[r] || plans_[r].comm.parts.size(r) == 0) && b[r] && c[r],
-               "ag_gemm: null tensor on rank " << r);
-    TL_REQUIRE(reinterpret_cast<uintptr_t>(b[r]) % 16 == 0 && reinterpret_cast<uintptr_t>(c[r]) % 16 == 0,
-               "ag_gemm: B and C of rank " << r << " must be 16-byte aligned");
-  }
+  rt_->check_operand("A", a, false, [&](int r) { return plans_[r].comm.parts.size(r) == 0; });
+  rt_->check_operand("B", b);
+  rt_->check_operand("C", c);
 }
 
 void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
   const AgGemmPlan& p = plans_[r];
   if (comm_sms(r) > 0) {  // SM-driven: the whole comm kernel on the rank's stream
     if (part != CommPart::kRemote)
-      launch_ag_comm(world_, p, ws_.view(r), a, epochs_->epoch(r, 1),
-                     CommLaunch{CopyMethod::kBulk, comm_sms(r)});
+      launch_ag_comm(world_, p, rt_->view(r), a, rt_->epoch(r), CommLaunch{CopyMethod::kBulk, comm_sms(r)});
     return;
   }
-  StreamContext sc{&world_, r, world_.stream(r), "ag_gemm", epochs_->counter(r)};
-  const uint64_t epoch = epochs_->value(r, 1);
-  SymmetricView heap = ws_.view(r);
+  const StreamContext sc = rt_->stream_context(r);
+  const uint64_t epoch = rt_->value(r);
+  SymmetricView heap = rt_->view(r);
   const int64_t rb = p.row_bytes();
   auto rows_copy = [&](const void* src, int64_t src_row0, void* dst, RowRange rows) {
     return Copy2D{static_cast<const char*>(src) + (rows.begin - src_row0) * rb, rb,
@@ -245,20 +222,15 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
                           bool hooks, bool linked) {
   const AgGemmPlan& p = plans_[r];
   compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
-  engine_ws_->attach(args, r);
-  if (!hooks) {
-    args.tile_n = 0;  // no signals mapped onto its tiles: the engine picks the width
-    return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
-  }
-  const Epoch epoch = linked ? epochs_->epoch(r, 1) : Epoch{0};  // epoch 0: every wait passes
-  AgGemmWaitHooks wait{world_.device_context(r), ws_.view(r), p.ws.tile_ready, p.comm,
-                       p.gemm.tiles_n(), epoch};
-  if (!own_direct(r)) return detail::launch_engine(args, wait, lanes_->gemm_stream(r));
+  if (!hooks) return rt_->launch_plain_engine(r, args);
+  const Epoch epoch = linked ? rt_->epoch(r) : Epoch{0};  // epoch 0: every wait passes
+  AgGemmWaitHooks wait{world_.device_context(r), rt_->view(r), p.ws.tile_ready, p.comm, p.gemm.tiles_n(), epoch};
+  if (!own_direct(r)) return rt_->launch_engine(r, args, wait);
   args.a_alt = a_own;
   args.a_alt_row0 = p.comm.parts.begin(r);
   args.a_alt_rows = p.comm.parts.size(r);
   wait.own = RowRange{p.comm.parts.begin(r), p.comm.parts.end(r)};
-  detail::launch_engine<AgGemmWaitHooks, true>(args, wait, lanes_->gemm_stream(r));
+  rt_->launch_engine<AgGemmWaitHooks, true>(r, args, wait);
 }
 
 bool AgGemm::own_direct(int r) const {
@@ -275,61 +247,42 @@ void AgGemm::run(const std::vector<const void*>& a, const std::vector<const void
 
 void AgGemm::run_unlinked(const std::vector<const void*>& a, const std::vector<const void*>& b,
                           const std::vector<void*>& c) {
-  TL_REQUIRE(!epochs_->graph_mode(),
-             "ag_gemm: run_unlinked is for eager benches, not after a capture");
+  rt_->require_eager("run_unlinked");
   run_call(a, b, c, false);
 }
 
 void AgGemm::run_call(const std::vector<const void*>& a, const std::vector<const void*>& b,
                       const std::vector<void*>& c, bool linked) {
   check_args(a, b, c);
-  if (world_.size() == 1) {  // nothing to gather: the engine alone, on A itself
-    const int r = world_.local_ranks().front();
-    world_.bind(r);
-    lanes_->on_gemm_stream(r, [&] { enqueue_gemm(r, a[r], nullptr, b[r], c[r], false); });
-    return;
-  }
-  epochs_->begin(1);
-  // The comm program runs on the rank's stream s, the GEMM on its own stream g of the same rank.
-  // Virtual ranks: every rank's GEMM is launched before any comm program is enqueued (NOTE: a launch
-  // that fails then leaves nothing behind but GEMMs whose waits time out, bounded; enqueued the
-  // other way, it left peers' stream waits blocked for good, and the next synchronisation hung).
-  // Separate GPUs: the copy engine is SM-free for peer copies but a same-GPU copy runs on SMs, so the
-  // own segment is copied before the GEMM starts (it then holds every SM) and only the peers' tiles
-  // overlap with it.
-  if (comm_sms(world_.local_ranks().front()) > 0) {
+  if (world_.size() == 1)  // nothing to gather: the engine alone, on A itself
+    return rt_->world1([&](int r) { enqueue_gemm(r, a[r], nullptr, b[r], c[r], false); });
+  rt_->begin(1);
+  auto gemm = [&](int r) {
+    enqueue_gemm(r, rt_->view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true, linked);
+  };
+  // The comm program runs on the rank's stream, the GEMM on its own stream of the same rank.
+  if (comm_sms(rt_->first_rank()) > 0) {
     // SM-driven comm: its kernel is launched before the GEMM, so its blocks hold their SMs before
-    // the persistent GEMM fills the rest (NOTE: launched after it, they could find no free SM while
-    // the GEMM spun on the tiles they were to bring; the waits timed out on the H200). Its waits are
-    // device waits (bounded), so a failed GEMM launch after it strands nothing for good.
-    for (int r : world_.local_ranks()) {
-      world_.bind(r);
-      lanes_->fork(r);
-      enqueue_comm(r, a[r], CommPart::kAll);
-      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true, linked);
-      lanes_->join_record(r);
-    }
-    for (int r : world_.local_ranks()) {
-      world_.bind(r);
-      lanes_->join_wait(r);
-    }
-    return;
+    // the persistent GEMM fills the rest. Its waits are device waits (bounded), so a failed GEMM
+    // launch after it strands nothing for good.
+    return rt_->fused_call(LaunchOrder::kCommFirst, detail::NoStep{}, gemm,
+                           [&](int r) { enqueue_comm(r, a[r], CommPart::kAll); });
   }
-  // Push with the own segment on tile rows: the GEMM reads it from A_r and starts at once; the
-  // barrier and the pushes (copy engine, no SMs) run beside it.
+  // The copy engine. Virtual ranks: every rank's GEMM is launched before any comm program is
+  // enqueued. Separate GPUs: the copy engine is SM-free for peer copies but a same-GPU copy runs on
+  // SMs, so the own segment is copied before the GEMM starts (it then holds every SM) and only the
+  // peers' tiles overlap with it; push with the own segment on tile rows skips that copy: the GEMM
+  // reads it from A_r and starts at once, and the barrier and the pushes run beside it.
   const bool local_first = local_before_gemm();
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    if (local_first && !own_direct(r)) enqueue_comm(r, a[r], CommPart::kLocal);
-    lanes_->fork(r);  // the previous call is done with `gathered`; the epoch has advanced
-    enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true, linked);
-    lanes_->join_record(r);
-  }
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    enqueue_comm(r, a[r], !local_first ? CommPart::kAll : own_direct(r) ? CommPart::kDirect : CommPart::kRemote);
-    lanes_->join_wait(r);  // the call ends with both
-  }
+  rt_->fused_call(
+      LaunchOrder::kComputeFirst,
+      [&](int r) {
+        if (local_first && !own_direct(r)) enqueue_comm(r, a[r], CommPart::kLocal);
+      },
+      gemm,
+      [&](int r) {
+        enqueue_comm(r, a[r], !local_first ? CommPart::kAll : own_direct(r) ? CommPart::kDirect : CommPart::kRemote);
+      });
 }
 
 bool AgGemm::local_before_gemm() const {
@@ -337,8 +290,8 @@ bool AgGemm::local_before_gemm() const {
 }
 
 void AgGemm::run_comm_only(const std::vector<const void*>& a) {
-  TL_REQUIRE(!epochs_->graph_mode(), "ag_gemm: run_comm_only is for eager benches, not after a capture");
-  epochs_->begin(1);
+  rt_->require_eager("run_comm_only");
+  rt_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
     enqueue_comm(r, a[r], own_direct(r) ? CommPart::kDirect : CommPart::kAll);
@@ -349,85 +302,65 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& a, const std::vector<
                            const std::vector<void*>& c) {
   // NOTE: the current epoch's signals are all set by the last comm run: the hooks' waits pass at
   // once, so this times the engine with its hooks on.
-  TL_REQUIRE(!epochs_->graph_mode(), "ag_gemm: run_gemm_only is for eager benches, not after a capture");
-  TL_REQUIRE(epochs_->started(), "ag_gemm: run_gemm_only needs a comm run first");
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    lanes_->on_gemm_stream(r, [&] {
-      enqueue_gemm(r, ws_.view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], world_.size() > 1);
-    });
-  }
+  rt_->require_eager("run_gemm_only");
+  rt_->require_started("run_gemm_only", "a comm run");
+  rt_->each_on_gemm_stream([&](int r) {
+    enqueue_gemm(r, rt_->view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], world_.size() > 1);
+  });
 }
 
 void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
                          const std::vector<void*>& c) {
   check_args(a, b, c);
-  if (lanes_->nccl()) {  // cuBLAS+NCCL (peer, ipc): NCCL's AllGather into every gathered A, cuBLAS
-    const int r0 = world_.local_ranks().front();
-    auto mark = [&] { return epochs_->started() && !epochs_->graph_mode() ? epochs_->value(r0, 1) : 0; };
-    if (lanes_->nccl_entry_barrier(epochs_->graph_mode(), mark())) {  // peers may still pull from us
-      epochs_->begin(1);
-      for (int r : world_.local_ranks()) {
-        world_.bind(r);
-        StreamContext sc{&world_, r, world_.stream(r), "ag_gemm(unfused)", epochs_->counter(r)};
-        rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
-      }
-    }
-    std::vector<void*> gathered(world_.size(), nullptr);
-    for (int r : world_.local_ranks()) gathered[r] = ws_.view(r).local(plans_[r].ws.gathered);
-    lanes_->nccl_all_gather_rows(plans_[r0].comm.parts, plans_[r0].k, a, gathered);
-    for (int r : world_.local_ranks()) {  // C_r [M, N_r] = gathered A [M, K] * B_r^T
-      world_.bind(r);
-      const AgGemmPlan& p = plans_[r];
-      detail::cublas_gemm_bf16_tn(lanes_->cublas(r), gathered[r], b[r], c[r], p.m(), p.n, p.k);
-    }
-    lanes_->nccl_done(mark());
-    return;
+  const Field<Signal> barrier = plans_[rt_->first_rank()].ws.barrier;
+  auto gemm = [&](int r) {  // cuBLAS: C_r [M, N_r] = gathered A [M, K] * B_r^T
+    world_.bind(r);
+    const AgGemmPlan& p = plans_[r];
+    detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), rt_->view(r).local(p.ws.gathered), b[r], c[r], p.m(), p.n,
+                                p.k);
+  };
+  if (rt_->nccl()) {  // cuBLAS+NCCL (peer, ipc): NCCL's AllGather into every gathered A, cuBLAS
+    return rt_->nccl_call(barrier, [&] {  // the barrier: peers may still pull from us
+      std::vector<void*> gathered(world_.size(), nullptr);
+      for (int r : world_.local_ranks()) gathered[r] = rt_->view(r).local(plans_[r].ws.gathered);
+      const AgGemmPlan& p0 = plans_[rt_->first_rank()];
+      rt_->lanes().nccl_all_gather_rows(p0.comm.parts, p0.k, a, gathered);
+      for (int r : world_.local_ranks()) gemm(r);
+    });
   }
-  epochs_->begin(2);
   // AllGather on the copy engine, every rank: barrier, own segment into every rank, barrier.
   // NOTE: all of it is enqueued before any cuBLAS call, so a failing call cannot strand a peer's
   // stream wait.
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    const AgGemmPlan& p = plans_[r];
-    StreamContext sc{&world_, r, world_.stream(r), "ag_gemm(unfused)", epochs_->counter(r)};
-    const uint64_t e1 = epochs_->value(r, 1), e2 = epochs_->value(r, 2);
-    SymmetricView heap = ws_.view(r);
-    const int64_t rb = p.row_bytes();
-    const RowRange own{p.comm.parts.begin(r), p.comm.parts.end(r)};
-    rank_barrier(sc, heap, p.ws.barrier, e1);
-    for (int s = 0; s < world_.size() && own.size() > 0; ++s) {
-      int peer = peer_at(r, s, world_.size());
-      rank_copy_data(sc, peer, Copy2D{a[r], rb, heap.peer(peer, p.ws.gathered) + own.begin * rb,
-                                      rb, own.size(), rb});
+  rt_->own_call(barrier, [&] {
+    for (int r : world_.local_ranks()) {
+      world_.bind(r);
+      const AgGemmPlan& p = plans_[r];
+      const StreamContext sc = rt_->stream_context(r, true);
+      SymmetricView heap = rt_->view(r);
+      const int64_t rb = p.row_bytes();
+      const RowRange own{p.comm.parts.begin(r), p.comm.parts.end(r)};
+      for (int s = 0; s < world_.size() && own.size() > 0; ++s) {
+        int peer = peer_at(r, s, world_.size());
+        rank_copy_data(sc, peer, Copy2D{a[r], rb, heap.peer(peer, p.ws.gathered) + own.begin * rb, rb, own.size(), rb});
+      }
+      rank_barrier(sc, heap, p.ws.barrier, rt_->value(r, 2));
     }
-    rank_barrier(sc, heap, p.ws.barrier, e2);
-  }
-  // cuBLAS: C_r [M, N_r] = gathered A [M, K] * B_r^T.
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    const AgGemmPlan& p = plans_[r];
-    detail::cublas_gemm_bf16_tn(lanes_->cublas(r), ws_.view(r).local(p.ws.gathered), b[r], c[r], p.m(),
-                                p.n, p.k);
-  }
+    for (int r : world_.local_ranks()) gemm(r);
+  });
 }
 
 PathChoice AgGemm::choose(OpPath requested) const {
-  const int r0 = world_.local_ranks().front();
-  MachineModel m = detail::machine_model(world_, r0, gemm_sms(r0));
   // NOTE: every rank must take the same path (one process per rank on ipc decides alone), so the
   // choice is made from every rank's plan, on this GPU's model (the ranks' GPUs alike).
-  return agreed_choice(world_.size(), r0, requested, [&](int r) {
+  return rt_->choose(requested, gemm_sms(rt_->first_rank()), [&](int r, MachineModel m) {
     m.own_rows_direct = own_direct(r);
     return choose_path(plans_[r], m, requested);
   });
 }
 
 void AgGemm::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,
-                    const std::vector<void*>& c, OpPath requested) {
-  if (choose(requested).path == OpPath::kFused) run(a, b, c);
-  else run_unfused(a, b, c);
+                      const std::vector<void*>& c, OpPath requested) {
+  detail::run_chosen(*this, requested, a, b, c);
 }
 
 }  // namespace tilelink::cuda

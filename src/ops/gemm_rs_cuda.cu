@@ -1,30 +1,20 @@
-// Fused GEMM+ReduceScatter on the CUDA backend (see include/tilelink/ops/gemm_rs_cuda.hpp).
+// Fused GEMM+ReduceScatter on the CUDA backend (see include/tilelink/ops/gemm_rs_cuda.hpp): the
+// engine with the tile-done notify hook, the reduce (pull) or push+reduce kernels beside it, on the
+// fused-op runtime (fused_runtime.hpp).
 #include "tilelink/ops/gemm_rs_cuda.hpp"
-
-#include <cublas_v2.h>
-
-#include "call_epochs.hpp"
-#include "engine_prep.cuh"
-#include "rank_lanes.hpp"
-#include "cuda/tile_done_hooks.cuh"
-
-#include <cuda/atomic>
 
 #include <algorithm>
 
+#include "cuda/tile_done_hooks.cuh"
+#include "fused_runtime.hpp"
 #include "tilelink/backend/cuda/check.hpp"
-#include "tilelink/backend/cuda/stream_prim.hpp"
-#include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/cuda/comm.hpp"
 
 namespace tilelink::cuda {
 
-namespace {
-
-using GemmRsNotifyHooks = detail::TileDoneNotifyHooks;
-
-}  // namespace
+using detail::LaunchOrder;
+using detail::TileDoneNotifyHooks;
 
 GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
                const std::vector<int64_t>& k_per_rank, DType dtype, const GemmRsConfig& config)
@@ -63,10 +53,11 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
                  "gemm_rs: rank " << r << " has " << sms << " SMs; the reduce needs comm_workers >= 1 (got "
                                   << workers << ") and must leave the GEMM at least one (compute_workers "
                                   << c.compute_workers << ")");
+      split_sms({.sms = sms, .world_size = W, .compute_workers = c.compute_workers, .comm_sms = workers});
     }
     plans_.push_back(p);
   }
-  ws_ = world.allocate(plans_[0].ws.num_bytes);
+  rt_ = std::make_unique<detail::FusedRuntime>(world, "gemm_rs", plans_[0].ws.num_bytes);
   if (config.mode == CommMode::kPush) {
     for (int r = 0; r < W; ++r) {
       GemmRsConfig c = plans_[r].config;
@@ -75,191 +66,132 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
     }
     ws_push_ = world.allocate(push_plans_[0].ws.num_bytes);
   }
-
-  lanes_ = std::make_unique<detail::RankLanes>(world);
-  epochs_ = std::make_unique<detail::CallEpochs>(world);
-  engine_ws_ = std::make_unique<detail::EngineWorkspaces>(
-      world, [&](int r) { return detail::engine_args(plans_[r], nullptr, nullptr, nullptr, 0); });
-  // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
-  detail::prepare_engine<GemmRsNotifyHooks>(world, [&](int r) {  // tile_done[0] = 0: still zero
-    return GemmRsNotifyHooks{ws_.view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
+  rt_->init_engine(plans_);
+  rt_->prepare_engine<TileDoneNotifyHooks>([&](int r) {  // tile_done[0] = 0: still zero
+    return TileDoneNotifyHooks{rt_->view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
   });
-  detail::prepare_engine<compute::sm90::NoHooks>(world, [](int) { return compute::sm90::NoHooks{}; });
 }
 
 GemmRs::~GemmRs() = default;
 
 compute::sm90::GemmWork GemmRs::gemm_work(int rank) const {
-  return engine_ws_->work(
-      detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank)), rank);
+  return rt_->work(detail::engine_args(plans_.at(rank), nullptr, nullptr, nullptr, gemm_sms(rank)), rank);
 }
 
 int GemmRs::gemm_sms(int rank) const {
-  const GemmRsConfig& cfg = plans_[rank].config;
-  if (cfg.compute_workers > 0) return cfg.compute_workers;
-  return world_.size() == 1 ? world_.sm_count(rank) : world_.sm_count(rank) - cfg.comm_workers;
+  const GemmRsConfig& cfg = plans_.at(rank).config;
+  return rt_->split(rank, cfg.compute_workers, cfg.comm_workers).gemm_sms;
 }
 
 void GemmRs::check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                         const std::vector<void*>& c) const {
-  const int W = world_.size();
-  TL_REQUIRE(static_cast<int>(a.size()) == W && static_cast<int>(b.size()) == W &&
-                 static_cast<int>(c.size()) == W,
-             "gemm_rs: pass one A, B and C entry per rank (" << W << ")");
-  for (int r : world_.local_ranks()) {
-    TL_REQUIRE(a[r] && b[r] && (c[r] || plans_[r].rows.size(r) == 0), "gemm_rs: null tensor on rank " << r);
-    TL_REQUIRE(reinterpret_cast<uintptr_t>(a[r]) % 16 == 0 && reinterpret_cast<uintptr_t>(b[r]) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(c[r]) % 16 == 0,
-               "gemm_rs: A, B and C of rank " << r << " must be 16-byte aligned");
-  }
+  rt_->check_operand("A", a);
+  rt_->check_operand("B", b);
+  rt_->check_operand("C", c, true, [&](int r) { return plans_[r].rows.size(r) == 0; });
 }
 
 void GemmRs::enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks) {
   const GemmRsPlan& p = plans_[r];
-  compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
-  engine_ws_->attach(args, r);
-  if (!hooks) {
-    args.tile_n = 0;  // no signals mapped onto its tiles: the engine picks the width
-    return detail::launch_engine(args, compute::sm90::NoHooks{}, lanes_->gemm_stream(r));
-  }
-  GemmRsNotifyHooks notify{ws_.view(r).local(p.ws.tile_done), p.gemm.tiles_n(), epochs_->epoch(r, 1)};
-  detail::launch_engine(args, notify, lanes_->gemm_stream(r));
+  const compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
+  if (!hooks) return rt_->launch_plain_engine(r, args);
+  rt_->launch_engine(r, args, TileDoneNotifyHooks{rt_->view(r).local(p.ws.tile_done), p.gemm.tiles_n(), rt_->epoch(r)});
 }
 
 void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
                  const std::vector<void*>& c) {
   check_args(a, b, c);
-  if (world_.size() == 1) {  // nothing to reduce: the engine alone, into C
-    const int r = world_.local_ranks().front();
-    world_.bind(r);
-    lanes_->on_gemm_stream(r, [&] { enqueue_gemm(r, a[r], b[r], c[r], false); });
-    return;
-  }
-  epochs_->begin(1);
-  // 1. Entry barrier on every rank's stream: the previous call's reduces are done everywhere.
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs", epochs_->counter(r)};
-    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
-  }
-  // 2. Every rank's GEMM (after its barrier), then 3. every rank's reduce: a failed launch leaves
-  // only bounded device waits behind.
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    lanes_->fork(r);
-    enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), true);
-    if (push_plans_.empty()) {
-      // Pull: once the GEMM is done, its SMs join the reduce: they claim the bands still left, the
-      // last tiles' (the reduce's workers share one counter; bench/notes/fused_ops_cuda.md).
-      launch_rs_reduce(world_, plans_[r], ws_.view(r), c[r], epochs_->epoch(r, 1),
-                       CommLaunch{CopyMethod::kVector, gemm_sms(r), 512, lanes_->gemm_stream(r)});
-    }
-    lanes_->join_record(r);
-  }
-  for (int r : world_.local_ranks()) {
-    const GemmRsPlan& p = plans_[r];
-    const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
-    if (push_plans_.empty())
-      launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
-    else
-      launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
-                            c[r], epochs_->epoch(r, 1), how, how.workers / 2);
-    lanes_->join_wait(r);
-  }
+  if (world_.size() == 1)  // nothing to reduce: the engine alone, into C
+    return rt_->world1([&](int r) { enqueue_gemm(r, a[r], b[r], c[r], false); });
+  const bool pull = push_plans_.empty();
+  rt_->begin(1);
+  rt_->fused_call(
+      LaunchOrder::kComputeFirst,
+      // The entry barrier: the previous call's reduces are done everywhere.
+      [&](int r) { rt_->entry_barrier(r, plans_[r].ws.barrier); },
+      [&](int r) {
+        enqueue_gemm(r, a[r], b[r], rt_->view(r).local(plans_[r].ws.partial), true);
+        // Pull: once the GEMM is done, its SMs join the reduce: they claim the bands still left, the
+        // last tiles' (the reduce's workers share one counter; bench/notes/fused_ops_cuda.md).
+        if (pull)
+          launch_rs_reduce(world_, plans_[r], rt_->view(r), c[r], rt_->epoch(r),
+                           CommLaunch{CopyMethod::kVector, gemm_sms(r), 512, rt_->gemm_stream(r)});
+      },
+      [&](int r) { enqueue_reduce(r, c[r]); });
+}
+
+void GemmRs::enqueue_reduce(int r, void* c) {
+  const GemmRsPlan& p = plans_[r];
+  const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
+  if (push_plans_.empty())
+    launch_rs_reduce(world_, p, rt_->view(r), c, rt_->epoch(r), how);
+  else
+    launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), rt_->view(r), p.ws.partial, p.ws.tile_done, c,
+                          rt_->epoch(r), how, how.workers / 2);
 }
 
 void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<const void*>& b) {
-  TL_REQUIRE(!epochs_->graph_mode(), "gemm_rs: run_gemm_only is for eager benches, not after a capture");
-  epochs_->begin(1);
-  for (int r : world_.local_ranks()) {
-    world_.bind(r);
-    lanes_->on_gemm_stream(r, [&] {
-      enqueue_gemm(r, a[r], b[r], ws_.view(r).local(plans_[r].ws.partial), world_.size() > 1);
-    });
-  }
+  rt_->require_eager("run_gemm_only");
+  rt_->begin(1);
+  rt_->each_on_gemm_stream(
+      [&](int r) { enqueue_gemm(r, a[r], b[r], rt_->view(r).local(plans_[r].ws.partial), world_.size() > 1); });
 }
 
 void GemmRs::run_reduce_only(const std::vector<void*>& c) {
   // NOTE: reuses the current epoch, whose tile_done signals the last GEMM set everywhere.
-  TL_REQUIRE(!epochs_->graph_mode(), "gemm_rs: run_reduce_only is for eager benches, not after a capture");
-  TL_REQUIRE(epochs_->started(), "gemm_rs: run_reduce_only needs a GEMM run first");
+  // Repeated with one epoch, push's reducers need not wait for this call's pushes (timing only).
+  rt_->require_eager("run_reduce_only");
+  rt_->require_started("run_reduce_only", "a GEMM run");
   if (world_.size() == 1) return;  // a world-1 call has no reduce (run() is the engine alone)
   for (int r : world_.local_ranks()) {
-    const GemmRsPlan& p = plans_[r];
-    const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
-    if (push_plans_.empty()) {
-      // The last call with this epoch claimed every band: a fresh counter.
-      world_.bind(r);
-      TL_CUDA_CHECK(cudaMemsetAsync(ws_.view(r).local(p.ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
-      launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 1), how);
-    } else {
-      // NOTE: repeated with one epoch, the reducers need not wait for this call's pushes (timing only)
-      launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), ws_.view(r), p.ws.partial, p.ws.tile_done,
-                            c[r], epochs_->epoch(r, 1), how, how.workers / 2);
-    }
+    world_.bind(r);
+    if (push_plans_.empty())  // the last call with this epoch claimed every band: a fresh counter
+      TL_CUDA_CHECK(
+          cudaMemsetAsync(rt_->view(r).local(plans_[r].ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
+    enqueue_reduce(r, c[r]);
   }
 }
 
 void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<const void*>& b,
                          const std::vector<void*>& c) {
   check_args(a, b, c);
-  if (lanes_->nccl()) {  // cuBLAS+NCCL (peer, ipc): cuBLAS into the partial, NCCL's ReduceScatter
-    const int r0 = world_.local_ranks().front();
-    auto mark = [&] { return epochs_->started() && !epochs_->graph_mode() ? epochs_->value(r0, 1) : 0; };
-    if (lanes_->nccl_entry_barrier(epochs_->graph_mode(), mark())) {  // peers may still read partials
-      epochs_->begin(1);
-      for (int r : world_.local_ranks()) {
-        world_.bind(r);
-        StreamContext sc{&world_, r, world_.stream(r), "gemm_rs(unfused)", epochs_->counter(r)};
-        rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
-      }
-    }
-    std::vector<const void*> partial(world_.size(), nullptr);
-    for (int r : world_.local_ranks()) {  // P_r [M, N] = A_r B_r^T
-      world_.bind(r);
-      const GemmRsPlan& p = plans_[r];
-      partial[r] = ws_.view(r).local(p.ws.partial);
-      detail::cublas_gemm_bf16_tn(lanes_->cublas(r), a[r], b[r], const_cast<void*>(partial[r]), p.m(), p.n,
-                                  p.k);
-    }
-    lanes_->nccl_reduce_scatter_rows(plans_[r0].rows, plans_[r0].n, partial, c);
-    lanes_->nccl_done(mark());
-    return;
-  }
-  epochs_->begin(2);
-  for (int r : world_.local_ranks()) {  // barrier: partial buffers are free
-    world_.bind(r);
-    StreamContext sc{&world_, r, world_.stream(r), "gemm_rs(unfused)", epochs_->counter(r)};
-    rank_barrier(sc, ws_.view(r), plans_[r].ws.barrier, epochs_->value(r, 1));
-  }
-  for (int r : world_.local_ranks()) {  // cuBLAS: P_r [M, N] = A_r B_r^T, then publish it whole
+  const Field<Signal> barrier = plans_[rt_->first_rank()].ws.barrier;
+  auto gemm_into_partial = [&](int r) {  // cuBLAS: P_r [M, N] = A_r B_r^T
     world_.bind(r);
     const GemmRsPlan& p = plans_[r];
-    detail::cublas_gemm_bf16_tn(lanes_->cublas(r), a[r], b[r], ws_.view(r).local(p.ws.partial), p.m(),
-                                p.n, p.k);
-    detail::launch_set_signals(ws_.view(r).local(p.ws.tile_done), p.gemm.num_tiles(), epochs_->epoch(r, 2),
-                               world_.stream(r));
+    void* partial = rt_->view(r).local(p.ws.partial);
+    detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), a[r], b[r], partial, p.m(), p.n, p.k);
+    return partial;
+  };
+  if (rt_->nccl()) {  // cuBLAS+NCCL (peer, ipc): cuBLAS into the partial, NCCL's ReduceScatter
+    return rt_->nccl_call(barrier, [&] {
+      std::vector<const void*> partial(world_.size(), nullptr);
+      for (int r : world_.local_ranks()) partial[r] = gemm_into_partial(r);
+      const GemmRsPlan& p0 = plans_[rt_->first_rank()];
+      rt_->lanes().nccl_reduce_scatter_rows(p0.rows, p0.n, partial, c);
+    });
   }
-  for (int r : world_.local_ranks()) {  // the ReduceScatter, on all the rank's SMs
-    const GemmRsPlan& p = plans_[r];
-    launch_rs_reduce(world_, p, ws_.view(r), c[r], epochs_->epoch(r, 2),
-                     CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
-  }
+  rt_->own_call(barrier, [&] {
+    for (int r : world_.local_ranks()) {  // the partial, then published whole
+      gemm_into_partial(r);
+      detail::launch_set_signals(rt_->view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.num_tiles(),
+                                 rt_->epoch(r, 2), world_.stream(r));
+    }
+    for (int r : world_.local_ranks())  // the ReduceScatter, on all the rank's SMs
+      launch_rs_reduce(world_, plans_[r], rt_->view(r), c[r], rt_->epoch(r, 2),
+                       CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
+  });
 }
 
 PathChoice GemmRs::choose(OpPath requested) const {
-  const int r0 = world_.local_ranks().front();
-  const MachineModel m = detail::machine_model(world_, r0, gemm_sms(r0));
   // push: its own plan (the engine's side, plans_, is always a pull plan)
   const std::vector<GemmRsPlan>& plans = push_plans_.empty() ? plans_ : push_plans_;
-  return agreed_choice(world_.size(), r0, requested,
-                       [&](int r) { return choose_path(plans[r], m, requested); });
+  return rt_->choose(requested, gemm_sms(rt_->first_rank()),
+                     [&](int r, const MachineModel& m) { return choose_path(plans[r], m, requested); });
 }
 
 void GemmRs::run_auto(const std::vector<const void*>& a, const std::vector<const void*>& b,
-                    const std::vector<void*>& c, OpPath requested) {
-  if (choose(requested).path == OpPath::kFused) run(a, b, c);
-  else run_unfused(a, b, c);
+                      const std::vector<void*>& c, OpPath requested) {
+  detail::run_chosen(*this, requested, a, b, c);
 }
 
 }  // namespace tilelink::cuda

@@ -7,7 +7,10 @@
 #include <mutex>
 #include <tuple>
 #include <cstring>
+#include <chrono>
 #include <sstream>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "tilelink/backend/cuda/check.hpp"
@@ -442,6 +445,54 @@ void World::fail(const char* op, int rank, cudaError_t e) {
   throw Error(os.str());
 }
 
+namespace {
+
+// The watchdog of stream waits (cuStreamWaitValue64 has no device-side bound): once sync's
+// deadline has passed, each wait still short of its target gets its target written from a fresh
+// stream of the waiting rank's context, so the blocked streams drain (the call's outputs are
+// invalid) instead of holding the world's streams, allocations and cached green-context streams for
+// good; then every local rank's stream gets a bounded while to drain. Returns what to add to the
+// error message.
+std::string release_stream_waits(const World& world, const std::vector<const World::StreamWait*>& stuck,
+                                 const std::vector<int>& ranks) {
+  using clock = std::chrono::steady_clock;
+  int released = 0;
+  for (const World::StreamWait* w : stuck) {
+    world.bind(w->rank);
+    cudaStream_t s = nullptr;
+    try {
+      s = world.create_stream(w->rank);
+    } catch (const std::exception&) {
+      continue;
+    }
+    // flags 0: a plain write; nothing earlier on this new stream to order after.
+    if (::tilelink::cuda::driver::cuStreamWriteValue64(reinterpret_cast<CUstream>(s),
+                                                       reinterpret_cast<CUdeviceptr>(w->addr), w->target,
+                                                       0) == CUDA_SUCCESS) {
+      const auto until = clock::now() + std::chrono::seconds(2);
+      while (cudaStreamQuery(s) == cudaErrorNotReady && clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (cudaStreamQuery(s) == cudaSuccess) ++released;
+    }
+    cudaStreamDestroy(s);
+  }
+  bool drained = true;
+  const auto until = clock::now() + std::chrono::seconds(5);
+  for (int r : ranks) {
+    world.bind(r);
+    while (cudaStreamQuery(world.stream(r)) == cudaErrorNotReady && clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    drained = drained && cudaStreamQuery(world.stream(r)) == cudaSuccess;
+  }
+  std::ostringstream os;
+  os << "; " << released << " of " << stuck.size() << " stuck stream waits released by the watchdog"
+     << (drained ? ", every stream drained (the call's outputs are invalid; destroy this world, a new one may be made)"
+                 : ", but a stream did not drain (destroying this world may block)");
+  return os.str();
+}
+
+}  // namespace
+
 void World::sync(const char* op) {
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + options_.timeout + std::chrono::seconds(5);
@@ -455,17 +506,22 @@ void World::sync(const char* op) {
         std::ostringstream os;
         os << "op " << op << ": rank " << r << " did not finish within "
            << std::chrono::duration<double>(options_.timeout).count() << " s";
+        bool named = false;
+        std::vector<const StreamWait*> stuck;
         for (const StreamWait& w : stream_waits_) {
           uint64_t v = 0;
           if (cudaMemcpy(&v, w.addr, sizeof(v), cudaMemcpyDefault) != cudaSuccess) continue;
-          if (v < w.target) {
-            os << "; rank " << w.rank << " is stuck in a stream wait on ";
-            if (w.tile >= 0) os << "tile " << w.tile << ", ";
-            os << w.field << "[" << w.slot << "] of rank " << w.owner << ": expected >= "
-               << w.target << ", observed " << v;
-            break;
-          }
+          if (v >= w.target) continue;
+          stuck.push_back(&w);
+          if (named) continue;
+          named = true;
+          os << "; rank " << w.rank << " is stuck in a stream wait on ";
+          if (w.tile >= 0) os << "tile " << w.tile << ", ";
+          os << w.field << "[" << w.slot << "] of rank " << w.owner << ": expected >= " << w.target
+             << ", observed " << v;
         }
+        if (!stuck.empty()) os << release_stream_waits(*this, stuck, local_ranks_);
+        stream_waits_.clear();
         throw TimeoutError(os.str());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));

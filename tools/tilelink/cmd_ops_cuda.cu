@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <random>
 
 #if defined(TILELINK_HAS_MPI)
 #include <mpi.h>
@@ -25,6 +24,7 @@
 #include "cli.hpp"
 #include "floor_probe.hpp"
 #include "op_check.hpp"
+#include "op_check_cuda.hpp"
 #include "op_registry.hpp"
 #include "problem.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -39,48 +39,6 @@ int cuda_device_count();
 namespace {
 
 namespace tlc = tilelink::cuda;
-
-struct Buffers {
-  std::vector<const void*> a, b;
-  std::vector<void*> c, c_ref;
-};
-
-// Device allocations of the local ranks, freed (each in its rank's context) when it goes.
-class RankAllocs {
- public:
-  explicit RankAllocs(tlc::World& world) : world_(world) {}
-  ~RankAllocs() {
-    for (auto& [r, p] : allocs_) {
-      world_.bind(r);
-      cudaFree(p);  // NOTE: unchecked: a destructor must not throw
-    }
-  }
-  RankAllocs(const RankAllocs&) = delete;
-  RankAllocs& operator=(const RankAllocs&) = delete;
-
-  void* alloc(int r, size_t bytes) {
-    void* p = nullptr;
-    world_.bind(r);
-    TL_CUDA_CHECK(cudaMalloc(&p, bytes));
-    allocs_.emplace_back(r, p);
-    return p;
-  }
-  void* upload(int r, const std::vector<std::byte>& host) {
-    if (host.empty()) return nullptr;
-    void* p = alloc(r, host.size());
-    TL_CUDA_CHECK(cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice));
-    return p;
-  }
-  void* poisoned(int r, size_t bytes) {
-    void* p = alloc(r, bytes);
-    TL_CUDA_CHECK(cudaMemset(p, 0xff, bytes));  // NaN in bf16
-    return p;
-  }
-
- private:
-  tlc::World& world_;
-  std::vector<std::pair<int, void*>> allocs_;
-};
 
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
@@ -125,10 +83,6 @@ void trace(const tlc::World& world, const char* step) {
                step);
   std::fflush(stderr);
 }
-
-// Rank r's inputs come from their own generator, so a process makes only its own ranks' inputs
-// (all of them where the float64 reference needs them) and every transport sees the same data.
-std::mt19937_64 rank_rng(uint64_t seed, int r) { return std::mt19937_64(seed * 1000003u + 7919u * (r + 1)); }
 
 // Host wall time per call of `enqueue` over `iters` calls, after `warmup` calls: median of 5
 // batches; the max over ranks' processes (ipc).
@@ -280,73 +234,14 @@ bool report_check(const tlc::World& world, const OpProblem& p, const std::string
 // bytes. False when the check fails.
 bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const std::string& baseline, bool bench,
               int warmup, int iters, std::vector<BenchRow>* rows, FloorProbe* floor) {
-  const int W = world.size();
   std::unique_ptr<CudaOpRun> op = spec.make_cuda(world, p);
   trace(world, "op made");
-  const bool with_ref = static_cast<double>(p.m) * p.n * p.k <= p.ref_limit;
-  auto a_rows = [&](int r) { return spec.split_n ? p.rows.size(r) : p.m; };
-  auto a_cols = [&](int r) { return spec.split_n ? p.k : p.split[r]; };
-  auto b_rows = [&](int r) { return spec.split_n ? p.split[r] : p.n; };
-
-  // Inputs: fresh random bf16 per rank (generated on the host, so a reference can be computed).
-  std::vector<std::vector<std::byte>> ha(W), hb(W);
-  for (int r = 0; r < W; ++r) {
-    if (!with_ref && !world.is_local(r)) continue;
-    std::mt19937_64 rng = rank_rng(p.seed, r);
-    ha[r] = random_matrix(a_rows(r), a_cols(r), DType::kBF16, rng);
-    hb[r] = random_matrix(b_rows(r), a_cols(r), DType::kBF16, rng);
-  }
-  RankAllocs mem(world);
-  Buffers buf;
-  buf.a.assign(W, nullptr);
-  buf.b.assign(W, nullptr);
-  buf.c.assign(W, nullptr);
-  buf.c_ref.assign(W, nullptr);
-  for (int r : world.local_ranks()) {
-    buf.a[r] = mem.upload(r, ha[r]);
-    buf.b[r] = mem.upload(r, hb[r]);
-    const int64_t bytes = spec.c_rows_of(p, r) * spec.c_cols(p, r) * 2 + 16;
-    buf.c[r] = mem.poisoned(r, bytes);
-    buf.c_ref[r] = mem.poisoned(r, bytes);
-  }
-  for (int r : world.local_ranks()) { world.bind(r); TL_CUDA_CHECK(cudaDeviceSynchronize()); }
-
+  const std::unique_ptr<CudaOperands> x = make_cuda_operands(spec, world, p);
   trace(world, "inputs ready");
-  if (!p.baseline_only) {
-    op->run(buf.a, buf.b, buf.c);
-    world.sync(p.op.c_str());
-    trace(world, "fused call done");
-  }
-  op->run_unfused(buf.a, buf.b, buf.c_ref);
-  world.sync((p.op + "(unfused)").c_str());
-  trace(world, "unfused call done");
-
-  // The float64 reference of the local ranks' outputs (op_check.hpp).
-  Reference want;
-  if (with_ref) {
-    std::vector<const std::byte*> ia(W), ib(W);
-    for (int r = 0; r < W; ++r) ia[r] = ha[r].data(), ib[r] = hb[r].data();
-    want = reference_f64(spec, p, ia, ib, world.local_ranks(), false);
-  }
-  double err_base = 0, err_ref = 0, err_base_ref = 0;
-  for (int r : world.local_ranks()) {
-    const int64_t rows_r = spec.c_rows_of(p, r), cols_r = spec.c_cols(p, r);
-    if (rows_r == 0) continue;
-    std::vector<std::byte> c(rows_r * cols_r * 2), c_ref(c.size());
-    world.bind(r);
-    TL_CUDA_CHECK(cudaMemcpy(c.data(), buf.c[r], c.size(), cudaMemcpyDeviceToHost));
-    TL_CUDA_CHECK(cudaMemcpy(c_ref.data(), buf.c_ref[r], c.size(), cudaMemcpyDeviceToHost));
-    if (!p.baseline_only) {
-      std::vector<double> base(c.size() / 2);
-      for (size_t i = 0; i < base.size(); ++i) base[i] = load_as_float(c_ref.data(), DType::kBF16, i);
-      err_base = std::max(err_base, relative_error(c.data(), DType::kBF16, base));
-    }
-    if (with_ref) {
-      const std::vector<double>& ref = want.ref[r];
-      if (!p.baseline_only) err_ref = std::max(err_ref, relative_error(c.data(), DType::kBF16, ref));
-      err_base_ref = std::max(err_base_ref, relative_error(c_ref.data(), DType::kBF16, ref));
-    }
-  }
+  const CudaCheck err = check_cuda(spec, *op, world, p, *x);
+  trace(world, "fused and unfused calls checked");
+  const bool with_ref = x->with_ref;
+  const double err_base = err.err_base, err_ref = err.err_ref, err_base_ref = err.err_base_ref;
   const int r0 = world.local_ranks()[0];
   if (printer(world)) {
     std::printf("%s\n  transport=%s, SMs per rank=%d: %s; baseline %s\n", describe(p).c_str(),
@@ -363,8 +258,8 @@ bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const s
 
   // Bench: baseline, the parts alone, fused; all in this run.
   const std::string& n = p.op;
-  auto unfused = [&] { op->run_unfused(buf.a, buf.b, buf.c_ref); };
-  auto fused = [&] { op->run(buf.a, buf.b, buf.c); };
+  auto unfused = [&] { op->run_unfused(x->a, x->b, x->c_ref); };
+  auto fused = [&] { op->run(x->a, x->b, x->c); };
   const double t_base = time_per_call_ms(world, (n + "(unfused)").c_str(), warmup, iters, unfused);
   BenchRow row{spec.name.c_str(), tlc::transport_name(world.transport()), baseline, world.size(), p, t_base,
                NAN, NAN, NAN, choice.path};
@@ -373,13 +268,13 @@ bool op_shape(const OpSpec& spec, tlc::World& world, const OpProblem& p, const s
     rows->push_back(row);
     return true;
   }
-  const std::vector<TimedPart> parts = op->parts(buf.a, buf.b, buf.c);
+  const std::vector<TimedPart> parts = op->parts(x->a, x->b, x->c);
   const int comm = op->comm_part();
   double t_part[2];
   for (int i = 0; i < 2; ++i)
     t_part[i] = time_per_call_ms(world, (n + "(" + parts[i].label + ")").c_str(), warmup, iters, parts[i].enqueue);
   const double t_fused = time_per_call_ms(world, n.c_str(), warmup, iters, fused);
-  const std::function<void()> together = op->together(buf.a, buf.b, buf.c);
+  const std::function<void()> together = op->together(x->a, x->b, x->c);
   const double t_together = together && world.size() > 1
                                 ? time_per_call_ms(world, (n + "(together)").c_str(), warmup, iters, together)
                                 : NAN;

@@ -43,13 +43,12 @@
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/runtime/world.hpp"
 #include "tilelink/tune/path_model.hpp"
+#include "tilelink/tune/sm_split.hpp"
 
 namespace tilelink::cuda {
 
 namespace detail {
-class RankLanes;
-class CallEpochs;
-class EngineWorkspaces;
+class FusedRuntime;
 }
 
 class AgGemm {
@@ -104,9 +103,10 @@ class AgGemm {
   compute::sm90::GemmWork gemm_work(int rank) const;
   int comm_sms(int rank) const;
 
-  static constexpr int kCopySpareSms = 4;  // left to the driver's device-to-device copies
-  // Separate GPUs, graph mode: the SMs left to the signal kernels, and a pull's comm kernel's SMs.
-  static constexpr int kGraphSignalSms = 1;
+  // The SMs the GEMM leaves to the driver's same-GPU copies (virtual ranks) and, on separate GPUs
+  // in graph mode, to the signal kernels (tune/sm_split.hpp); a captured pull's comm kernel's SMs.
+  static constexpr int kCopySpareSms = tilelink::kCopySpareSms;
+  static constexpr int kGraphSignalSms = tilelink::kGraphSignalSms;
   static constexpr int kGraphPullSms = 4;
 
  private:
@@ -127,10 +127,7 @@ class AgGemm {
 
   World& world_;
   std::vector<AgGemmPlan> plans_;
-  SymmetricBuffer ws_;
-  std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
-  std::unique_ptr<detail::CallEpochs> epochs_;
-  std::unique_ptr<detail::EngineWorkspaces> engine_ws_;  // the GEMM's split last wave
+  std::unique_ptr<detail::FusedRuntime> rt_;  // workspace, lanes, epochs, engine (src/ops/fused_runtime.hpp)
 };
 
 }  // namespace tilelink::cuda

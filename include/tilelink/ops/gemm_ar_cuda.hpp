@@ -40,9 +40,7 @@
 namespace tilelink::cuda {
 
 namespace detail {
-class RankLanes;
-class CallEpochs;
-class EngineWorkspaces;
+class FusedRuntime;
 }
 
 class GemmAr {
@@ -78,10 +76,7 @@ class GemmAr {
 
   World& world_;
   std::vector<GemmArPlan> plans_;
-  SymmetricBuffer ws_;
-  std::unique_ptr<detail::RankLanes> lanes_;
-  std::unique_ptr<detail::CallEpochs> epochs_;
-  std::unique_ptr<detail::EngineWorkspaces> engine_ws_;
+  std::unique_ptr<detail::FusedRuntime> rt_;  // workspace, lanes, epochs, engine (src/ops/fused_runtime.hpp)
 };
 
 }  // namespace tilelink::cuda

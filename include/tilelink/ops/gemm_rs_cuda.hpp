@@ -39,9 +39,7 @@
 namespace tilelink::cuda {
 
 namespace detail {
-class RankLanes;
-class CallEpochs;
-class EngineWorkspaces;
+class FusedRuntime;
 }
 
 class GemmRs {
@@ -85,15 +83,13 @@ class GemmRs {
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                   const std::vector<void*>& c) const;
   void enqueue_gemm(int r, const void* a, const void* b, void* out, bool hooks);
+  void enqueue_reduce(int r, void* c);  // the reduce (pull) or push+reduce kernel on the comm SMs
 
   World& world_;
   std::vector<GemmRsPlan> plans_;       // pull-mode plans: the engine's partial, tile_done, barrier
-  SymmetricBuffer ws_;
   std::vector<GemmRsPlan> push_plans_;  // config.mode = push: staging, staged
   SymmetricBuffer ws_push_;
-  std::unique_ptr<detail::RankLanes> lanes_;  // the GEMM's stream, fork/join events, cuBLAS
-  std::unique_ptr<detail::CallEpochs> epochs_;
-  std::unique_ptr<detail::EngineWorkspaces> engine_ws_;  // the GEMM's split last wave
+  std::unique_ptr<detail::FusedRuntime> rt_;  // workspace, lanes, epochs, engine (src/ops/fused_runtime.hpp)
 };
 
 }  // namespace tilelink::cuda
