@@ -107,7 +107,12 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
     }
     plans_.push_back(AgGemmPlan::make(r, rows, n_per_rank[r], k, dtype, c));
   }
-  rt_ = std::make_unique<detail::FusedRuntime>(world, "ag_gemm", plans_[0].ws.num_bytes);
+  Agreement agreement("ag_gemm");
+  agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("K", k).add("M rows", rows);
+  agreement.add("N", n_per_rank).add("mode", static_cast<int64_t>(config.mode));
+  agreement.add("comm_tile_rows", config.comm_tile_rows).add("comm_workers", config.comm_workers);
+  agreement.add("compute_workers", config.compute_workers);
+  rt_ = std::make_unique<detail::FusedRuntime>(world, "ag_gemm", std::move(agreement), plans_[0].ws.num_bytes);
   rt_->init_engine(plans_);
   // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
   auto passing_hooks = [&](int r) {

@@ -2,6 +2,7 @@
 // compute launch (the engine with the op's hooks), its comm program, its unfused baseline and its
 // cost; everything else is here, once:
 //
+//   agreement                what every rank must agree on, checked across processes (ipc)
 //   the symmetric workspace  one allocation of the plans' layout (the same on every rank)
 //   lanes                    per rank, the GEMM's stream, fork/join, cuBLAS, NCCL (rank_lanes.hpp)
 //   call epochs              eager or captured in a CUDA graph (call_epochs.hpp)
@@ -17,7 +18,7 @@
 //   the path                 choose(): the op's per-rank cost, agreed over ranks
 //   SMs                      split(): tune/sm_split.hpp's policy for a rank
 //
-//   FusedRuntime rt(world, "gemm_ar", plans[0].num_bytes);
+//   FusedRuntime rt(world, "gemm_ar", Agreement("gemm_ar").add("N", n), plans[0].num_bytes);
 //   rt.init_engine(plans);                      // workspaces + plain warm-up
 //   rt.prepare_engine<MyHooks>(hooks_of);       // the hooked engine warmed up too
 //   rt.begin(1);
@@ -38,6 +39,7 @@
 #include "rank_lanes.hpp"
 #include "tilelink/backend/cuda/stream_prim.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/runtime/agreement.hpp"
 #include "tilelink/runtime/world.hpp"
 #include "tilelink/tune/path_model.hpp"
 #include "tilelink/tune/sm_split.hpp"
@@ -63,9 +65,12 @@ enum class LaunchOrder : uint8_t {
 
 class FusedRuntime {
  public:
-  // heap_bytes: the plans' workspace (the same on every rank).
-  FusedRuntime(World& world, const char* op, int64_t heap_bytes)
+  // heap_bytes: the plans' workspace (the same on every rank). agreement: what every rank must
+  // agree on (shape, split, dtype, config); with the heap's size it is checked across processes
+  // (ipc) before anything is allocated, so mismatched ranks are refused on every rank.
+  FusedRuntime(World& world, const char* op, Agreement agreement, int64_t heap_bytes)
       : world_(world), op_(op), unfused_name_(std::string(op) + "(unfused)") {
+    agreement.add("workspace bytes", heap_bytes).check(world);
     heap_ = world.allocate(heap_bytes);
     lanes_ = std::make_unique<RankLanes>(world);
     epochs_ = std::make_unique<CallEpochs>(world);

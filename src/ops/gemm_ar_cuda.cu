@@ -45,7 +45,12 @@ GemmAr::GemmAr(World& world, const RowPartition& rows, int64_t n, const std::vec
     }
     plans_.push_back(GemmArPlan::make(r, rows, n, k_per_rank[r], dtype, c));
   }
-  rt_ = std::make_unique<detail::FusedRuntime>(world, "gemm_ar", plans_[0].num_bytes);
+  Agreement agreement("gemm_ar");
+  agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("N", n).add("M rows", rows);
+  agreement.add("K", k_per_rank).add("algorithm", static_cast<int64_t>(config.algo));
+  agreement.add("band_cols", config.band_cols).add("comm_workers", config.comm_workers);
+  agreement.add("compute_workers", config.compute_workers);
+  rt_ = std::make_unique<detail::FusedRuntime>(world, "gemm_ar", std::move(agreement), plans_[0].num_bytes);
   rt_->init_engine(plans_);
   rt_->prepare_engine<TileDoneNotifyHooks>([&](int r) {  // tile_done[0] = 0: still zero
     return TileDoneNotifyHooks{rt_->view(r).local(plans_[r].ar.f.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};

@@ -57,7 +57,12 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
     }
     plans_.push_back(p);
   }
-  rt_ = std::make_unique<detail::FusedRuntime>(world, "gemm_rs", plans_[0].ws.num_bytes);
+  Agreement agreement("gemm_rs");
+  agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("N", n).add("M rows", rows);
+  agreement.add("K", k_per_rank).add("mode", static_cast<int64_t>(config.mode));
+  agreement.add("comm_tile_rows", config.comm_tile_rows).add("comm_workers", config.comm_workers);
+  agreement.add("compute_workers", config.compute_workers);
+  rt_ = std::make_unique<detail::FusedRuntime>(world, "gemm_rs", std::move(agreement), plans_[0].ws.num_bytes);
   if (config.mode == CommMode::kPush) {
     for (int r = 0; r < W; ++r) {
       GemmRsConfig c = plans_[r].config;

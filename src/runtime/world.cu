@@ -24,6 +24,30 @@ namespace tilelink::cuda {
 
 namespace {
 
+#if defined(TILELINK_HAS_MPI)
+// Waits for a non-blocking MPI operation, bounded: TimeoutError naming `what` and `rank` (-1: none).
+void mpi_wait(MPI_Request* req, std::chrono::milliseconds timeout, const std::string& what, int rank) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int done = 0;;) {
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::ostringstream os;
+      os << "world: ";
+      if (rank >= 0) os << "rank " << rank << ": ";
+      os << what << " did not complete within " << std::chrono::duration<double>(timeout).count()
+         << " s (a peer process is gone, stuck or on another path)";
+      throw TimeoutError(os.str());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+#endif
+
+}  // namespace
+
+namespace {
+
 // NOTE: before any CUDA call of the program (static initialization of the library), and again in
 // the World constructor in case a program made this object file load late: lazy module loading
 // deadlocks a kernel that spins on a flag set by a not-yet-loaded kernel (docs/design.md, the GPU machines).
@@ -353,18 +377,44 @@ SymmetricBuffer World::allocate(uint64_t bytes) {
   }
 #if defined(TILELINK_HAS_MPI)
   if (options_.transport == Transport::kIpc) {
+    // Every rank's handle and size, then every rank's outcome of opening its peers' handles: a
+    // rank whose open fails does not throw alone (its buffer's unwinding barrier would pair with
+    // the peers' and let them carry on); every rank throws, naming it.
     const int me = local_ranks_.at(0);
-    cudaIpcMemHandle_t mine;
-    TL_CUDA_CHECK(cudaIpcGetMemHandle(&mine, b.bases_[me]));
-    std::vector<cudaIpcMemHandle_t> all(size_);
-    TL_REQUIRE(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE,
-                             MPI_COMM_WORLD) == MPI_SUCCESS,
-               "world: MPI_Allgather of IPC handles failed");
-    for (int r = 0; r < size_; ++r) {
+    struct Share {
+      cudaIpcMemHandle_t handle;
+      uint64_t bytes;
+    } mine{};
+    TL_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, b.bases_[me]));
+    mine.bytes = bytes;
+    std::vector<Share> all(size_);
+    MPI_Request req;
+    TL_REQUIRE(MPI_Iallgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, MPI_COMM_WORLD,
+                              &req) == MPI_SUCCESS,
+               "world: MPI_Iallgather of IPC handles failed");
+    mpi_wait(&req, options_.timeout, "the exchange of IPC handles for a symmetric allocation", me);
+    for (int r = 0; r < size_; ++r)
+      TL_REQUIRE(all[r].bytes == bytes, "world: symmetric allocation of " << bytes << " bytes on rank " << me
+                                           << ", " << all[r].bytes << " on rank " << r
+                                           << " (every rank must allocate the same sizes in the same order)");
+    int ok = 1;
+    std::string why;
+    for (int r = 0; r < size_ && ok; ++r) {
       if (r == me) continue;
-      TL_CUDA_CHECK(cudaIpcOpenMemHandle(&b.bases_[r], all[r], cudaIpcMemLazyEnablePeerAccess));
+      const cudaError_t e = cudaIpcOpenMemHandle(&b.bases_[r], all[r].handle, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        b.bases_[r] = nullptr;
+        ok = 0;
+        why = std::string("cudaIpcOpenMemHandle of rank ") + std::to_string(r) + "'s buffer: " + cudaGetErrorString(e);
+      }
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    std::vector<int> oks(size_);
+    TL_REQUIRE(MPI_Iallgather(&ok, 1, MPI_INT, oks.data(), 1, MPI_INT, MPI_COMM_WORLD, &req) == MPI_SUCCESS,
+               "world: MPI_Iallgather of the IPC outcomes failed");
+    mpi_wait(&req, options_.timeout, "the exchange of IPC outcomes for a symmetric allocation", me);
+    for (int r = 0; r < size_; ++r)
+      TL_REQUIRE(oks[r], "world: rank " << r << " could not map its peers' symmetric buffers"
+                                        << (r == me ? " (" + why + ")" : std::string()));
   }
 #endif
   return b;
@@ -393,7 +443,17 @@ void SymmetricBuffer::release() noexcept {
   for (size_t r = 0; r < bases_.size(); ++r)
     if (bases_[r] && !owned_[r]) cudaIpcCloseMemHandle(bases_[r]);
 #if defined(TILELINK_HAS_MPI)
-  if (world_->transport() == Transport::kIpc) MPI_Barrier(MPI_COMM_WORLD);
+  // Every peer has closed its mapping before the memory goes; bounded (a peer that is gone or
+  // stuck must not hang this one's teardown).
+  if (world_->transport() == Transport::kIpc) {
+    MPI_Request req;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+      try {
+        mpi_wait(&req, world_->options().timeout, "the teardown barrier of a symmetric buffer", -1);
+      } catch (const std::exception&) {
+      }
+    }
+  }
 #endif
   for (size_t r = 0; r < bases_.size(); ++r)
     if (bases_[r] && owned_[r]) {
@@ -533,7 +593,11 @@ void World::sync(const char* op) {
 void World::barrier(const char* op) {
   sync(op);
 #if defined(TILELINK_HAS_MPI)
-  if (options_.transport == Transport::kIpc) MPI_Barrier(MPI_COMM_WORLD);
+  if (options_.transport == Transport::kIpc) {
+    MPI_Request req;
+    TL_REQUIRE(MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS, "op " << op << ": MPI_Ibarrier failed");
+    mpi_wait(&req, options_.timeout, std::string("the host barrier after op ") + op, local_ranks_.at(0));
+  }
 #endif
 }
 
