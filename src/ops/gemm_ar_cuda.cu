@@ -41,6 +41,10 @@ GemmAr::GemmAr(World& world, const RowPartition& rows, int64_t n, const std::vec
       const int sms = world.sm_count(r);
       c.group_m = compute::sm90::gemm_default_group_m(rows.total(), n, sms);
       if (c.comm_workers == 0) c.comm_workers = std::clamp(sms / 8, 2, 16);
+      TL_REQUIRE(W == 1 || c.comm_workers + c.compute_workers < sms,
+                 "gemm_ar: rank " << r << " has " << sms << " SMs; comm_workers (" << c.comm_workers
+                                  << ") + compute_workers (" << c.compute_workers
+                                  << ") must leave the GEMM at least one");
       split_sms({.sms = sms, .world_size = W, .compute_workers = c.compute_workers, .comm_sms = c.comm_workers});
     }
     plans_.push_back(GemmArPlan::make(r, rows, n, k_per_rank[r], dtype, c));

@@ -39,7 +39,7 @@ SmSplit split_sms(const SmPolicyInput& in) {
   }
   TL_REQUIRE(in.world_size == 1 || in.compute_workers == 0 || in.compute_workers + s.comm_sms < in.sms,
              "the rank has " << in.sms << " SMs; compute_workers (" << in.compute_workers << ") + comm SMs ("
-                             << s.comm_sms << ") must leave the comm program at least one");
+                             << s.comm_sms << ") must be fewer: they must leave the GEMM at least one");
   TL_REQUIRE(s.gemm_sms >= 1 && s.gemm_sms <= in.sms,
              "the rank has " << in.sms << " SMs; the GEMM would run on " << s.gemm_sms << " (comm SMs "
                              << s.comm_sms << ", compute_workers " << in.compute_workers << ")");

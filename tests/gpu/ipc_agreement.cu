@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
       tlc::GemmAr op(w, RowPartition::even(M, 2), me == 0 ? 256 : 128, {K, K}, DType::kBF16, GemmArConfig{});
     });
     failures += expect_refused(me, "M split differs", "disagree on M rows[0]: 128 on rank 0, 100 on rank 1", [&] {
-      tlc::GemmAr op(w, me == 0 ? RowPartition::even(M, 2) : RowPartition::from_counts({100, 156}), 256, {K, K},
+      tlc::GemmAr op(w, me == 0 ? RowPartition::even(M, 2) : RowPartition::from_counts(std::vector<int64_t>{100, 156}), 256, {K, K},
                      DType::kBF16, GemmArConfig{});
     });
     failures += expect_refused(me, "K_r differs", "disagree on K[1]: 64 on rank 0, 128 on rank 1", [&] {
