@@ -2,7 +2,7 @@
 # Installs what tilelink needs on a fresh Debian machine and configures + builds it.
 #   bash scripts/setup.sh [build-dir]      (default: build)
 # Installs only what is missing: Debian packages (compiler, CMake, GoogleTest, Google Benchmark,
-# OpenMPI for the ipc transport), the CuTe/CUTLASS headers from PyPI's nvidia-cutlass wheel and NCCL
+# OpenMPI for the ipc transport, ccache), the CuTe/CUTLASS headers from PyPI's nvidia-cutlass wheel and NCCL
 # (header and library, for the fused ops' cuBLAS+NCCL baselines) from PyPI's nvidia-nccl-cu13 wheel,
 # both into third_party/ (ignored by git). nvcc is optional: without it only the CPU parts are built.
 set -euo pipefail
@@ -18,6 +18,7 @@ command -v g++ >/dev/null || need_apt+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev libgmock-dev)
 [ -f /usr/include/benchmark/benchmark.h ] || need_apt+=(libbenchmark-dev)
 command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev openmpi-bin)
+command -v ccache >/dev/null || need_apt+=(ccache)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -72,6 +73,14 @@ PY
 fi
 
 JOBS=$(nproc)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${TILELINK_CMAKE_ARGS:-} >/dev/null
+# A compiler cache (ccache, in $HOME/.cache/ccache): a rebuild of what did not change, also in a
+# fresh checkout at another path (CCACHE_BASEDIR), takes seconds instead of the CUDA build's
+# half hour. TILELINK_NO_CCACHE=1 builds without it.
+launcher=()
+if command -v ccache >/dev/null && [ -z "${TILELINK_NO_CCACHE:-}" ]; then
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" ${TILELINK_CMAKE_ARGS:-} >/dev/null
 # TILELINK_BUILD_TARGETS: build only these targets (the ThreadSanitizer pass of scripts/test.sh).
 cmake --build "$BUILD" -j "$JOBS" ${TILELINK_BUILD_TARGETS:+--target $TILELINK_BUILD_TARGETS}
