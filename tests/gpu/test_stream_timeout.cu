@@ -47,8 +47,10 @@ TEST(StreamTimeout, WatchdogReleasesTheWaitAndANewWorldRuns) {
     TL_CUDA_CHECK(cudaMemcpy(&v, buf.view(0).local(flags) + 4, sizeof(v), cudaMemcpyDeviceToHost));
     EXPECT_EQ(v, 9u);
   }  // the buffer and the world go: cudaFree and the streams' teardown must not block
+  // The error within the timeout + 1 s, the release and teardown within a few more.
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(secs, 30.0);
+  std::printf("timeout 0.2 s: reported, released and torn down in %.2f s\n", secs);
+  EXPECT_LT(secs, 5.0);
 
   // A new world of the same SM split, in the same process, runs an op and checks it.
   World w({.transport = Transport::kVirtual, .world_size = 2});
