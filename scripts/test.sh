@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test that this machine can run:
-#   the CPU test suite (ctest, label cpu), the same threaded tests under ThreadSanitizer, and the
-#   GPU suite (label gpu) when a GPU is present. Without a GPU the CUDA sources are still compiled.
+#   the CPU test suite (ctest, label cpu), a project outside the tree built against the installed
+#   package (tests/consumer: find_package(tilelink)), the same threaded tests under ThreadSanitizer,
+#   and the GPU suite (label gpu) when a GPU is present. Without a GPU the CUDA sources are still compiled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
@@ -9,6 +10,13 @@ JOBS=$(nproc)
 
 echo "== ctest (cpu) =="
 ctest --test-dir build -L cpu --output-on-failure -j "$JOBS"
+
+echo "== the installed package, from a project outside the tree (tests/consumer) =="
+rm -rf build/install build/consumer
+cmake --install build --prefix build/install >/dev/null
+cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/install" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/consumer -j "$JOBS" >/dev/null
+build/consumer/consumer
 
 echo "== ctest (cpu, ThreadSanitizer) =="
 # Only the threaded executables (label tsan) are built here.
