@@ -73,9 +73,10 @@ PY
 fi
 
 JOBS=$(nproc)
-# A compiler cache (ccache, in $HOME/.cache/ccache): a rebuild of what did not change, also in a
-# fresh checkout at another path (CCACHE_BASEDIR), takes seconds instead of the CUDA build's
-# half hour. TILELINK_NO_CCACHE=1 builds without it.
+# A compiler cache (ccache, in $HOME/.cache/ccache): a rebuild of what did not change takes seconds
+# instead of the CUDA build's half hour. A fresh checkout at the same path hits for every source; at
+# another path (CCACHE_BASEDIR) only the host C++ sources hit (nvcc's preprocessed output holds the
+# headers' absolute paths). TILELINK_NO_CCACHE=1 builds without it.
 launcher=()
 if command -v ccache >/dev/null && [ -z "${TILELINK_NO_CCACHE:-}" ]; then
   export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
