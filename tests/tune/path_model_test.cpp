@@ -360,5 +360,23 @@ TEST(GemmArModel, PathRules) {
   EXPECT_NE(c.why.find("two-shot"), std::string::npos) << c.why;
 }
 
+TEST(GemmArModel, FusedWhereTheGemmHidesTheReads) {
+  MachineModel m;
+  m.sms = 132;
+  m.gemm_sms = 120;
+  // A long GEMM (K_r = 8192) whose partial the reads move in less time: fused, predicted below the
+  // GEMM on all SMs plus NCCL's AllReduce.
+  const PathChoice big = choose_path(ar_plan(8, 8192, 8192, 8 * 8192, AllReduceAlgo::kTwoShot), m, OpPath::kAuto);
+  EXPECT_EQ(big.path, OpPath::kFused) << big.why;
+  EXPECT_LT(big.fused_us, big.unfused_us);
+  // Decode (M = 1): the GEMM is a few microseconds, the tail dominates: not worth fusing.
+  const PathChoice tiny = choose_path(ar_plan(8, 1, 4096, 8 * 512, AllReduceAlgo::kOneShot), m, OpPath::kAuto);
+  EXPECT_EQ(tiny.path, OpPath::kUnfused) << tiny.why;
+  // Fewer GEMM SMs make the fused prediction longer, never shorter.
+  m.gemm_sms = 66;
+  const PathChoice few = choose_path(ar_plan(8, 8192, 8192, 8 * 8192, AllReduceAlgo::kTwoShot), m, OpPath::kAuto);
+  EXPECT_GT(few.fused_us, big.fused_us);
+}
+
 }  // namespace
 }  // namespace tilelink
