@@ -29,7 +29,7 @@ int main() {
       cpu::peer_tile_notify(ctx, heap, next, ready, t, epoch);
     }
     for (int t = 0; t < kTiles; ++t) {  // consumer: wait for tile t (acquire), then read it
-      cpu::consumer_tile_wait(ctx, heap, ready, t, epoch, WaitSite{"ready", t});
+      cpu::consumer_tile_wait(ctx, heap, ready, t, epoch, WaitSite{SignalField::kReady, t});
       for (int j = 0; j < kCols; ++j)
         bad[ctx.rank] += heap.local(inbox)[t * kCols + j] != 1000.f * prev + t + j;
     }

@@ -60,6 +60,7 @@ struct AgGemmWaitHooks {
             ctx.fault->tile = tile.m * tiles_n + tile.n;
             ctx.fault->slot = s;
             ctx.fault->kind = 0;
+            ctx.fault->field = static_cast<int>(SignalField::kTileReady);
             ctx.fault->expected = epoch;
             ctx.fault->observed = seen;
             ctx.fault->waited_ns = ::cuda::ptx::get_sreg_globaltimer() - t0;
@@ -116,7 +117,7 @@ AgGemm::AgGemm(World& world, const RowPartition& rows, const std::vector<int64_t
   rt_->init_engine(plans_);
   // Every kernel of a call ready in every context before any of them spins (engine_prep.cuh).
   auto passing_hooks = [&](int r) {
-    return AgGemmWaitHooks{world.device_context(r), rt_->view(r), plans_[r].ws.tile_ready, plans_[r].comm,
+    return AgGemmWaitHooks{world.device_context(r), rt_->view(r), plans_[r].ag.f.tile_ready, plans_[r].ag.tiles,
                            plans_[r].gemm.tiles_n(), Epoch{0}};  // epoch 0: every wait passes
   };
   rt_->prepare_engine<AgGemmWaitHooks>(passing_hooks);
@@ -159,68 +160,26 @@ int AgGemm::comm_sms(int rank) const {
   return graph_pull ? kGraphPullSms : 0;
 }
 
-const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ws.gathered.in(rt_->heap().base(rank)); }
+const void* AgGemm::gathered(int rank) const { return plans_.at(rank).ag.f.gathered.in(rt_->heap().base(rank)); }
 
 void AgGemm::check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                         const std::vector<void*>& c) const {
-  rt_->check_operand("A", a, false, [&](int r) { return plans_[r].comm.parts.size(r) == 0; });
+  rt_->check_operand("A", a, false, [&](int r) { return plans_[r].ag.own_rows().size() == 0; });
   rt_->check_operand("B", b);
   rt_->check_operand("C", c);
 }
 
-void AgGemm::enqueue_comm(int r, const void* a, CommPart part) {
+void AgGemm::enqueue_comm(int r, const void* a, AllGatherPart part) {
   const AgGemmPlan& p = plans_[r];
   if (comm_sms(r) > 0) {  // SM-driven: the whole comm kernel on the rank's stream
-    if (part != CommPart::kRemote)
-      launch_ag_comm(world_, p, rt_->view(r), a, rt_->epoch(r), CommLaunch{CopyMethod::kBulk, comm_sms(r)});
+    if (part != AllGatherPart::kRemote)
+      launch_allgather(world_, p.ag, p.ws.barrier, rt_->view(r), a, rt_->epoch(r),
+                       CommLaunch{CopyMethod::kBulk, comm_sms(r)});
     return;
   }
-  const StreamContext sc = rt_->stream_context(r);
-  const uint64_t epoch = rt_->value(r);
-  SymmetricView heap = rt_->view(r);
-  const int64_t rb = p.row_bytes();
-  auto rows_copy = [&](const void* src, int64_t src_row0, void* dst, RowRange rows) {
-    return Copy2D{static_cast<const char*>(src) + (rows.begin - src_row0) * rb, rb,
-                  static_cast<char*>(dst) + rows.begin * rb, rb, rows.size(), rb};
-  };
-  const int64_t seg0 = p.comm.parts.begin(r);
-  const RowRange own{seg0, p.comm.parts.end(r)};
-  const bool pull = p.config.mode == CommMode::kPull;
-  if (part != CommPart::kRemote) {
-    // Entry barrier: every peer has finished its previous call (its comm stream waited for it).
-    rank_barrier(sc, heap, p.ws.barrier, epoch);
-  }
-  if (part != CommPart::kRemote && part != CommPart::kDirect) {
-    // The own segment, each own tile announced after it lands (pull: to this rank's GEMM and to the
-    // peers that pull it; push: to this rank's GEMM). Before the GEMM (kLocal): one copy; beside it
-    // (kAll): tile by tile, so the GEMM's first tiles start early.
-    if (part == CommPart::kLocal) rank_copy_data(sc, r, rows_copy(a, seg0, heap.local(p.ws.gathered), own));
-    for (int t = p.comm.first[r]; t < p.comm.first[r + 1]; ++t) {
-      if (part == CommPart::kAll) rank_copy_data(sc, r, rows_copy(a, seg0, heap.local(p.ws.gathered), p.comm.rows_of(t)));
-      if (pull) producer_tile_notify(sc, heap, p.ws.tile_ready, t, epoch);
-      else peer_tile_notify(sc, heap, r, p.ws.tile_ready, t, epoch);
-    }
-  }
-  if (part == CommPart::kLocal) return;
-  if (pull) {
-    for (int i = 0; i < p.comm.num_tiles(); ++i) {
-      const int t = p.pull_tile_at(i);
-      const int owner = p.comm.rank_of(t);
-      if (owner == r) continue;
-      peer_tile_wait(sc, heap, owner, p.ws.tile_ready, t, epoch, WaitSite{"tile_ready", t});
-      rank_copy_data(sc, owner, rows_copy(heap.peer(owner, p.ws.gathered), 0, heap.local(p.ws.gathered),
-                                          p.comm.rows_of(t)));
-      producer_tile_notify(sc, heap, p.ws.tile_ready, t, epoch);
-    }
-  } else {
-    for (int i = 0; i < p.push_count(); ++i) {
-      int peer = 0, t = 0;
-      p.push_at(i, &peer, &t);
-      if (peer == r) continue;
-      rank_copy_data(sc, peer, rows_copy(a, seg0, heap.peer(peer, p.ws.gathered), p.comm.rows_of(t)));
-      peer_tile_notify(sc, heap, peer, p.ws.tile_ready, t, epoch);
-    }
-  }
+  // The copy engine: the AllGather's program in sequence on the rank's stream (comm/allgather.hpp).
+  const StreamExec x{rt_->stream_context(r), rt_->view(r)};
+  allgather_rank_program(x, p.ag, p.ws.barrier, rt_->value(r), a, part);
 }
 
 void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, const void* b, void* c,
@@ -229,18 +188,18 @@ void AgGemm::enqueue_gemm(int r, const void* a_gathered, const void* a_own, cons
   compute::sm90::GemmArgs args = detail::engine_args(p, a_gathered, b, c, gemm_sms(r));
   if (!hooks) return rt_->launch_plain_engine(r, args);
   const Epoch epoch = linked ? rt_->epoch(r) : Epoch{0};  // epoch 0: every wait passes
-  AgGemmWaitHooks wait{world_.device_context(r), rt_->view(r), p.ws.tile_ready, p.comm, p.gemm.tiles_n(), epoch};
+  AgGemmWaitHooks wait{world_.device_context(r), rt_->view(r), p.ag.f.tile_ready, p.ag.tiles, p.gemm.tiles_n(), epoch};
   if (!own_direct(r)) return rt_->launch_engine(r, args, wait);
   args.a_alt = a_own;
-  args.a_alt_row0 = p.comm.parts.begin(r);
-  args.a_alt_rows = p.comm.parts.size(r);
-  wait.own = RowRange{p.comm.parts.begin(r), p.comm.parts.end(r)};
+  args.a_alt_row0 = p.ag.own_rows().begin;
+  args.a_alt_rows = p.ag.own_rows().size();
+  wait.own = p.ag.own_rows();
   rt_->launch_engine<AgGemmWaitHooks, true>(r, args, wait);
 }
 
 bool AgGemm::own_direct(int r) const {
   const AgGemmPlan& p = plans_[r];
-  const int64_t begin = p.comm.parts.begin(r), end = p.comm.parts.end(r), tm = compute::sm90::kTileM;
+  const int64_t begin = p.ag.own_rows().begin, end = p.ag.own_rows().end, tm = compute::sm90::kTileM;
   return local_before_gemm() && p.config.mode == CommMode::kPush && end > begin &&
          begin % tm == 0 && (end % tm == 0 || end == p.m());
 }
@@ -263,7 +222,7 @@ void AgGemm::run_call(const std::vector<const void*>& a, const std::vector<const
     return rt_->world1([&](int r) { enqueue_gemm(r, a[r], nullptr, b[r], c[r], false); });
   rt_->begin(1);
   auto gemm = [&](int r) {
-    enqueue_gemm(r, rt_->view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], true, linked);
+    enqueue_gemm(r, rt_->view(r).local(plans_[r].ag.f.gathered), a[r], b[r], c[r], true, linked);
   };
   // The comm program runs on the rank's stream, the GEMM on its own stream of the same rank.
   if (comm_sms(rt_->first_rank()) > 0) {
@@ -271,7 +230,7 @@ void AgGemm::run_call(const std::vector<const void*>& a, const std::vector<const
     // the persistent GEMM fills the rest. Its waits are device waits (bounded), so a failed GEMM
     // launch after it strands nothing for good.
     return rt_->fused_call(LaunchOrder::kCommFirst, detail::NoStep{}, gemm,
-                           [&](int r) { enqueue_comm(r, a[r], CommPart::kAll); });
+                           [&](int r) { enqueue_comm(r, a[r], AllGatherPart::kAll); });
   }
   // The copy engine. Virtual ranks: every rank's GEMM is launched before any comm program is
   // enqueued. Separate GPUs: the copy engine is SM-free for peer copies but a same-GPU copy runs on
@@ -282,11 +241,11 @@ void AgGemm::run_call(const std::vector<const void*>& a, const std::vector<const
   rt_->fused_call(
       LaunchOrder::kComputeFirst,
       [&](int r) {
-        if (local_first && !own_direct(r)) enqueue_comm(r, a[r], CommPart::kLocal);
+        if (local_first && !own_direct(r)) enqueue_comm(r, a[r], AllGatherPart::kOwn);
       },
       gemm,
       [&](int r) {
-        enqueue_comm(r, a[r], !local_first ? CommPart::kAll : own_direct(r) ? CommPart::kDirect : CommPart::kRemote);
+        enqueue_comm(r, a[r], !local_first ? AllGatherPart::kAll : own_direct(r) ? AllGatherPart::kInPlace : AllGatherPart::kRemote);
       });
 }
 
@@ -299,7 +258,7 @@ void AgGemm::run_comm_only(const std::vector<const void*>& a) {
   rt_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    enqueue_comm(r, a[r], own_direct(r) ? CommPart::kDirect : CommPart::kAll);
+    enqueue_comm(r, a[r], own_direct(r) ? AllGatherPart::kInPlace : AllGatherPart::kAll);
   }
 }
 
@@ -310,7 +269,7 @@ void AgGemm::run_gemm_only(const std::vector<const void*>& a, const std::vector<
   rt_->require_eager("run_gemm_only");
   rt_->require_started("run_gemm_only", "a comm run");
   rt_->each_on_gemm_stream([&](int r) {
-    enqueue_gemm(r, rt_->view(r).local(plans_[r].ws.gathered), a[r], b[r], c[r], world_.size() > 1);
+    enqueue_gemm(r, rt_->view(r).local(plans_[r].ag.f.gathered), a[r], b[r], c[r], world_.size() > 1);
   });
 }
 
@@ -321,15 +280,15 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
   auto gemm = [&](int r) {  // cuBLAS: C_r [M, N_r] = gathered A [M, K] * B_r^T
     world_.bind(r);
     const AgGemmPlan& p = plans_[r];
-    detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), rt_->view(r).local(p.ws.gathered), b[r], c[r], p.m(), p.n,
+    detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), rt_->view(r).local(p.ag.f.gathered), b[r], c[r], p.m(), p.n,
                                 p.k);
   };
   if (rt_->nccl()) {  // cuBLAS+NCCL (peer, ipc): NCCL's AllGather into every gathered A, cuBLAS
     return rt_->nccl_call(barrier, [&] {  // the barrier: peers may still pull from us
       std::vector<void*> gathered(world_.size(), nullptr);
-      for (int r : world_.local_ranks()) gathered[r] = rt_->view(r).local(plans_[r].ws.gathered);
+      for (int r : world_.local_ranks()) gathered[r] = rt_->view(r).local(plans_[r].ag.f.gathered);
       const AgGemmPlan& p0 = plans_[rt_->first_rank()];
-      rt_->lanes().nccl_all_gather_rows(p0.comm.parts, p0.k, a, gathered);
+      rt_->lanes().nccl_all_gather_rows(p0.ag.tiles.parts, p0.k, a, gathered);
       for (int r : world_.local_ranks()) gemm(r);
     });
   }
@@ -342,11 +301,10 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
       const AgGemmPlan& p = plans_[r];
       const StreamContext sc = rt_->stream_context(r, true);
       SymmetricView heap = rt_->view(r);
-      const int64_t rb = p.row_bytes();
-      const RowRange own{p.comm.parts.begin(r), p.comm.parts.end(r)};
+      const RowRange own = p.ag.own_rows();
       for (int s = 0; s < world_.size() && own.size() > 0; ++s) {
         int peer = peer_at(r, s, world_.size());
-        rank_copy_data(sc, peer, Copy2D{a[r], rb, heap.peer(peer, p.ws.gathered) + own.begin * rb, rb, own.size(), rb});
+        rank_copy_data(sc, peer, p.ag.rows_copy(a[r], own.begin, heap.peer(peer, p.ag.f.gathered), own));
       }
       rank_barrier(sc, heap, p.ws.barrier, rt_->value(r, 2));
     }

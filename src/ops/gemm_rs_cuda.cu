@@ -39,6 +39,7 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   cfg.mode = CommMode::kPull;  // the engine's side: partial, tile_done, barrier (push_plans_ below)
   cfg.gemm_tile_m = compute::sm90::kTileM;  // the plan's gemm tiles are the engine's tiles
   cfg.gemm_tile_n = compute::sm90::kTileN;
+  cfg.comm_tile_rows = kReduceBandRows;     // the reduce's items are a warp's bands
   for (int r = 0; r < W; ++r) {
     GemmRsConfig c = cfg;
     const int sms = world.is_local(r) ? world.sm_count(r) : 0;
@@ -73,7 +74,7 @@ GemmRs::GemmRs(World& world, const RowPartition& rows, int64_t n,
   }
   rt_->init_engine(plans_);
   rt_->prepare_engine<TileDoneNotifyHooks>([&](int r) {  // tile_done[0] = 0: still zero
-    return TileDoneNotifyHooks{rt_->view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
+    return TileDoneNotifyHooks{rt_->view(r).local(plans_[r].rs.f.tile_done), plans_[r].gemm.tiles_n(), Epoch{0}};
   });
 }
 
@@ -99,7 +100,7 @@ void GemmRs::enqueue_gemm(int r, const void* a, const void* b, void* out, bool h
   const GemmRsPlan& p = plans_[r];
   const compute::sm90::GemmArgs args = detail::engine_args(p, a, b, out, gemm_sms(r));
   if (!hooks) return rt_->launch_plain_engine(r, args);
-  rt_->launch_engine(r, args, TileDoneNotifyHooks{rt_->view(r).local(p.ws.tile_done), p.gemm.tiles_n(), rt_->epoch(r)});
+  rt_->launch_engine(r, args, TileDoneNotifyHooks{rt_->view(r).local(p.rs.f.tile_done), p.gemm.tiles_n(), rt_->epoch(r)});
 }
 
 void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void*>& b,
@@ -114,11 +115,11 @@ void GemmRs::run(const std::vector<const void*>& a, const std::vector<const void
       // The entry barrier: the previous call's reduces are done everywhere.
       [&](int r) { rt_->entry_barrier(r, plans_[r].ws.barrier); },
       [&](int r) {
-        enqueue_gemm(r, a[r], b[r], rt_->view(r).local(plans_[r].ws.partial), true);
+        enqueue_gemm(r, a[r], b[r], rt_->view(r).local(plans_[r].rs.f.partial), true);
         // Pull: once the GEMM is done, its SMs join the reduce: they claim the bands still left, the
         // last tiles' (the reduce's workers share one counter; bench/notes/fused_ops_cuda.md).
         if (pull)
-          launch_rs_reduce(world_, plans_[r], rt_->view(r), c[r], rt_->epoch(r),
+          launch_reduce_scatter(world_, plans_[r].rs, rt_->view(r), c[r], rt_->epoch(r),
                            CommLaunch{CopyMethod::kVector, gemm_sms(r), 512, rt_->gemm_stream(r)});
       },
       [&](int r) { enqueue_reduce(r, c[r]); });
@@ -128,9 +129,9 @@ void GemmRs::enqueue_reduce(int r, void* c) {
   const GemmRsPlan& p = plans_[r];
   const CommLaunch how{CopyMethod::kVector, p.config.comm_workers};
   if (push_plans_.empty())
-    launch_rs_reduce(world_, p, rt_->view(r), c, rt_->epoch(r), how);
+    launch_reduce_scatter(world_, p.rs, rt_->view(r), c, rt_->epoch(r), how);
   else
-    launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), rt_->view(r), p.ws.partial, p.ws.tile_done, c,
+    launch_rs_push_reduce(world_, push_plans_[r], ws_push_.view(r), rt_->view(r), p.rs.f.partial, p.rs.f.tile_done, c,
                           rt_->epoch(r), how, how.workers / 2);
 }
 
@@ -138,7 +139,7 @@ void GemmRs::run_gemm_only(const std::vector<const void*>& a, const std::vector<
   rt_->require_eager("run_gemm_only");
   rt_->begin(1);
   rt_->each_on_gemm_stream(
-      [&](int r) { enqueue_gemm(r, a[r], b[r], rt_->view(r).local(plans_[r].ws.partial), world_.size() > 1); });
+      [&](int r) { enqueue_gemm(r, a[r], b[r], rt_->view(r).local(plans_[r].rs.f.partial), world_.size() > 1); });
 }
 
 void GemmRs::run_reduce_only(const std::vector<void*>& c) {
@@ -151,7 +152,7 @@ void GemmRs::run_reduce_only(const std::vector<void*>& c) {
     world_.bind(r);
     if (push_plans_.empty())  // the last call with this epoch claimed every band: a fresh counter
       TL_CUDA_CHECK(
-          cudaMemsetAsync(rt_->view(r).local(plans_[r].ws.claims), 0, sizeof(uint64_t), world_.stream(r)));
+          cudaMemsetAsync(rt_->view(r).local(plans_[r].rs.f.claims), 0, sizeof(uint64_t), world_.stream(r)));
     enqueue_reduce(r, c[r]);
   }
 }
@@ -163,7 +164,7 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
   auto gemm_into_partial = [&](int r) {  // cuBLAS: P_r [M, N] = A_r B_r^T
     world_.bind(r);
     const GemmRsPlan& p = plans_[r];
-    void* partial = rt_->view(r).local(p.ws.partial);
+    void* partial = rt_->view(r).local(p.rs.f.partial);
     detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), a[r], b[r], partial, p.m(), p.n, p.k);
     return partial;
   };
@@ -178,11 +179,11 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
   rt_->own_call(barrier, [&] {
     for (int r : world_.local_ranks()) {  // the partial, then published whole
       gemm_into_partial(r);
-      detail::launch_set_signals(rt_->view(r).local(plans_[r].ws.tile_done), plans_[r].gemm.num_tiles(),
+      detail::launch_set_signals(rt_->view(r).local(plans_[r].rs.f.tile_done), plans_[r].gemm.num_tiles(),
                                  rt_->epoch(r, 2), world_.stream(r));
     }
     for (int r : world_.local_ranks())  // the ReduceScatter, on all the rank's SMs
-      launch_rs_reduce(world_, plans_[r], rt_->view(r), c[r], rt_->epoch(r, 2),
+      launch_reduce_scatter(world_, plans_[r].rs, rt_->view(r), c[r], rt_->epoch(r, 2),
                        CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
   });
 }

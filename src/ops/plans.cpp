@@ -38,7 +38,8 @@ AgGemmPlan AgGemmPlan::make(int rank, const RowPartition& rows, int64_t n_local,
   p.n = n_local;
   p.k = k;
   p.config = config;
-  p.comm = SegmentTiling::make(rows, config.comm_tile_rows);
+  TL_REQUIRE(k <= (int64_t{1} << 30) / dtype_size(dtype), "ag_gemm: K = " << k << " is out of range");
+  p.ag = AllGatherPlan::make(rank, rows, k * dtype_size(dtype), config.comm_tile_rows, config.mode);
   p.gemm = TileGrid{rows.total(), n_local, config.gemm_tile_m, config.gemm_tile_n};
   p.compute_order = TileOrder{p.gemm.tiles_m(), p.gemm.tiles_n(),
                               first_tile_row_of_segment(rows, rank, config.gemm_tile_m),
@@ -47,9 +48,8 @@ AgGemmPlan AgGemmPlan::make(int rank, const RowPartition& rows, int64_t n_local,
   // NOTE: the layout depends only on (M, K, world, comm tiling), never on the rank, so it is the
   // same on every rank: a symmetric layout.
   LayoutBuilder b;
-  p.ws.tile_ready = b.add<Signal>(p.comm.num_tiles());
+  p.ag.make_layout(b);
   p.ws.barrier = b.add<Signal>(rows.world_size);
-  p.ws.gathered = b.add<std::byte>(rows.total() * k * dtype_size(dtype));
   p.ws.num_bytes = b.num_bytes();
   return p;
 }
@@ -74,8 +74,6 @@ GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64
   p.rows = rows;
   p.config = config;
   p.gemm = TileGrid{rows.total(), n, config.gemm_tile_m, config.gemm_tile_n};
-  p.reduce_rows = SegmentTiling::make(rows, config.comm_tile_rows);
-  p.reduce_tile_cols = config.comm_tile_cols;
   // The same order on every rank, one row band per segment, the bands' rows in turn, groups of
   // whole turns: each owner's tiles finish at an even pace on every rank, so its reduce can run
   // through the whole GEMM. NOTE: the staggered order (rank r from rank r+1's segment on, its own
@@ -90,19 +88,11 @@ GemmRsPlan GemmRsPlan::make(int rank, const RowPartition& rows, int64_t n, int64
   // waited for the end of every group and about half the reduce ran after the GEMM (H200, 2 GPUs:
   // bench/notes/fused_ops_cuda.md, the reduce walks the GEMM's order). In the GEMM's own order the
   // reduce keeps pace: a group holds group / W of the rank's own tile rows.
-  const int group_rows = static_cast<int>(
-      ceil_div(static_cast<int64_t>(group / W) * config.gemm_tile_m, config.comm_tile_rows));
-  p.reduce_order = TileOrder{p.reduce_rows.tiles_of(rank), p.reduce_col_blocks(), 0, group_rows};
-
+  p.rs = ReduceScatterPlan::make(rank, rows, n, dtype, config.mode, config.gemm_tile_m, config.gemm_tile_n,
+                                 group / W, config.comm_tile_rows, config.comm_tile_cols);
   LayoutBuilder b;
-  const int64_t elem = dtype_size(dtype);
-  const bool push = config.mode == CommMode::kPush;
-  p.ws.tile_done = b.add<Signal>(push ? 0 : p.gemm.num_tiles());
-  p.ws.staged = b.add<Signal>(push ? static_cast<int64_t>(rows.world_size) * p.gemm.num_tiles() : 0);
-  p.ws.barrier = b.add<Signal>(rows.world_size);
-  p.ws.claims = b.add<uint64_t>(push ? 0 : 1);
-  p.ws.partial = b.add<std::byte>(push ? 0 : rows.total() * n * elem);
-  p.ws.staging = b.add<std::byte>(push ? rows.world_size * rows.max_size() * n * elem : 0);
+  p.rs.make_layout(b);
+  p.ws.barrier = b.add<Signal>(W);
   p.ws.num_bytes = b.num_bytes();
   return p;
 }

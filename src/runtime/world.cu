@@ -488,14 +488,15 @@ void World::fail(const char* op, int rank, cudaError_t e) {
   os << "op " << op << ": ";
   if (fault_ && fault_->claimed) {
     const DeviceFault& f = *fault_;
-    os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9 << " s ";
     if (f.kind == 1) {
-      os << "waiting for a bulk copy into shared-memory stage " << f.slot;
+      os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9
+         << " s waiting for a bulk copy into shared-memory stage " << f.slot;
     } else {
-      os << "waiting on ";
+      os << "rank " << f.rank << " timed out waiting on " << signal_field_name(static_cast<SignalField>(f.field))
+         << "[" << f.slot << "] of rank " << f.owner << ": expected >= " << f.expected << ", observed "
+         << f.observed << " (";
       if (f.tile >= 0) os << "tile " << f.tile << ", ";
-      os << "signal slot " << f.slot << " of rank " << f.owner << ": expected >= " << f.expected
-         << ", observed " << f.observed;
+      os << "on the device, after " << f.waited_ns * 1e-9 << " s)";
     }
     os << " (the kernel trapped: " << cudaGetErrorName(e) << "; the device context is lost)";
     throw TimeoutError(os.str());
@@ -577,10 +578,9 @@ void World::sync(const char* op) {
           stuck.push_back(&w);
           if (named) continue;
           named = true;
-          os << "; rank " << w.rank << " is stuck in a stream wait on ";
-          if (w.tile >= 0) os << "tile " << w.tile << ", ";
-          os << w.field << "[" << w.slot << "] of rank " << w.owner << ": expected >= " << w.target
-             << ", observed " << v;
+          os << "; rank " << w.rank << " is stuck in a stream wait on " << w.field << "[" << w.slot << "] of rank "
+             << w.owner << ": expected >= " << w.target << ", observed " << v;
+          if (w.tile >= 0) os << " (tile " << w.tile << ")";
         }
         if (!stuck.empty()) os << release_stream_waits(*this, stuck, local_ranks_);
         stream_waits_.clear();

@@ -24,7 +24,7 @@ bool parse_op_path(const std::string& s, OpPath* out) {
 }
 
 double ag_gemm_comm_bytes(const AgGemmPlan& p) {
-  return static_cast<double>(p.m() - p.comm.parts.size(p.rank)) * p.k * dtype_size(p.dtype);
+  return static_cast<double>(p.m() - p.ag.own_rows().size()) * p.k * dtype_size(p.dtype);
 }
 
 double gemm_rs_comm_bytes(const GemmRsPlan& p) {
@@ -83,8 +83,8 @@ bool single_rank(int world_size, OpPath requested, PathChoice* c) {
 PathChoice choose_path(const AgGemmPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
   // The tiles this rank pulls (or pushes) from or to its peers.
-  const int remote = p.config.mode == CommMode::kPull ? p.comm.num_tiles() - p.comm.tiles_of(p.rank)
-                                                      : p.comm.tiles_of(p.rank) * (p.world_size - 1);
+  const int remote = p.config.mode == CommMode::kPull ? p.ag.tiles.num_tiles() - p.ag.own_count()
+                                                      : p.ag.own_count() * (p.world_size - 1);
   return choose_path(2.0 * p.m() * p.n * p.k, ag_gemm_comm_bytes(p), m, requested, remote);
 }
 

@@ -10,6 +10,7 @@
 
 #include "../support/random.hpp"
 #include "program_sim.hpp"
+#include "tilelink/comm/allgather.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink {
@@ -112,14 +113,14 @@ TEST(AgGemmPlan, WaitsForCoversExactlyTheRowsATileReads) {
         Rect r = p.gemm.region(t);
         IdRange w = p.waits_for(t);
         ASSERT_GE(w.begin, 0);
-        ASSERT_LE(w.end, p.comm.num_tiles());
+        ASSERT_LE(w.end, p.ag.tiles.num_tiles());
         // Every row the tile reads lies in a waited tile; every waited tile holds a row it reads.
         for (int64_t row = r.row; row < r.row + r.rows; ++row) {
-          int ct = p.comm.tile_of_row(row);
+          int ct = p.ag.tiles.tile_of_row(row);
           ASSERT_TRUE(ct >= w.begin && ct < w.end) << "tile " << id << " row " << row;
         }
         for (int ct = w.begin; ct < w.end; ++ct) {
-          RowRange rr = p.comm.rows_of(ct);
+          RowRange rr = p.ag.tiles.rows_of(ct);
           ASSERT_TRUE(rr.begin < r.row + r.rows && r.row < rr.end)
               << "tile " << id << " waits on comm tile " << ct << " it does not read";
         }
@@ -134,29 +135,31 @@ TEST(AgGemmPlan, CommOrdersVisitEveryTileOnceOwnFirst) {
     Shape s = random_shape(rng);
     SCOPED_TRACE(describe(s));
     for (const AgGemmPlan& p : make_plans(s)) {
-      const int n_tiles = p.comm.num_tiles(), own = p.comm.tiles_of(p.rank);
+      const int n_tiles = p.ag.tiles.num_tiles(), own = p.ag.tiles.tiles_of(p.rank);
       std::vector<int> seen(static_cast<size_t>(n_tiles), 0);
       for (int i = 0; i < n_tiles; ++i) {
-        int t = p.pull_tile_at(i);
+        int t = p.ag.pull_tile_at(i);
         ASSERT_GE(t, 0);
         ASSERT_LT(t, n_tiles);
         ++seen[t];
         if (i < own) {
-          ASSERT_EQ(p.comm.rank_of(t), p.rank) << "pull step " << i << " is not an own tile";
+          ASSERT_EQ(p.ag.tiles.rank_of(t), p.rank) << "pull step " << i << " is not an own tile";
         }
       }
       for (int v : seen) {
         ASSERT_EQ(v, 1);
       }
       // Push: every (peer, own tile) once, to itself first.
-      ASSERT_EQ(p.push_count(), own * p.world_size);
+      AllGatherPlan push = p.ag;
+      push.mode = CommMode::kPush;
+      ASSERT_EQ(push.count(), own * p.world_size);
       std::set<std::pair<int, int>> pushed;
-      for (int i = 0; i < p.push_count(); ++i) {
+      for (int i = 0; i < push.count(); ++i) {
         int peer = -1, t = -1;
-        p.push_at(i, &peer, &t);
+        push.push_at(i, &peer, &t);
         ASSERT_GE(peer, 0);
         ASSERT_LT(peer, p.world_size);
-        ASSERT_EQ(p.comm.rank_of(t), p.rank);
+        ASSERT_EQ(p.ag.tiles.rank_of(t), p.rank);
         ASSERT_TRUE(pushed.insert({peer, t}).second) << "push step " << i << " repeats";
         if (i < own) {
           ASSERT_EQ(peer, p.rank);
@@ -174,16 +177,17 @@ TEST(AgGemmPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
     SCOPED_TRACE(describe(s));
     auto plans = make_plans(s);
     const AgGemmWorkspace& w0 = plans[0].ws;
-    ASSERT_EQ(w0.tile_ready.count, plans[0].comm.num_tiles());
+    const AllGatherFields& f0 = plans[0].ag.f;
+    ASSERT_EQ(f0.tile_ready.count, plans[0].ag.tiles.num_tiles());
     ASSERT_EQ(w0.barrier.count, s.rows.world_size);
-    ASSERT_EQ(w0.gathered.count, s.rows.total() * s.k * dtype_size(s.dtype));
+    ASSERT_EQ(f0.gathered.count, s.rows.total() * s.k * dtype_size(s.dtype));
     struct Span {
       uint64_t b, e;
     };
     std::vector<Span> spans = {
-        {w0.tile_ready.offset, w0.tile_ready.offset + w0.tile_ready.num_bytes()},
+        {f0.tile_ready.offset, f0.tile_ready.offset + f0.tile_ready.num_bytes()},
         {w0.barrier.offset, w0.barrier.offset + w0.barrier.num_bytes()},
-        {w0.gathered.offset, w0.gathered.offset + w0.gathered.num_bytes()}};
+        {f0.gathered.offset, f0.gathered.offset + f0.gathered.num_bytes()}};
     for (size_t i = 0; i < spans.size(); ++i) {
       ASSERT_EQ(spans[i].b % 256, 0u);
       ASSERT_LE(spans[i].e, w0.num_bytes);
@@ -193,58 +197,96 @@ TEST(AgGemmPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
     }
     for (const AgGemmPlan& p : plans) {
       ASSERT_EQ(p.ws.num_bytes, w0.num_bytes) << "rank " << p.rank;
-      ASSERT_EQ(p.ws.tile_ready.offset, w0.tile_ready.offset);
-      ASSERT_EQ(p.ws.tile_ready.count, w0.tile_ready.count);
+      ASSERT_EQ(p.ag.f.tile_ready.offset, f0.tile_ready.offset);
+      ASSERT_EQ(p.ag.f.tile_ready.count, f0.tile_ready.count);
       ASSERT_EQ(p.ws.barrier.offset, w0.barrier.offset);
       ASSERT_EQ(p.ws.barrier.count, w0.barrier.count);
-      ASSERT_EQ(p.ws.gathered.offset, w0.gathered.offset);
-      ASSERT_EQ(p.ws.gathered.count, w0.gathered.count);
+      ASSERT_EQ(p.ag.f.gathered.offset, f0.gathered.offset);
+      ASSERT_EQ(p.ag.f.gathered.count, f0.gathered.count);
     }
   }
 }
 
-// The programs of src/ops/cpu/ag_gemm.cpp (and the CUDA kernels), one epoch, on the abstract
-// machine. `have[r][t]`: comm tile t's rows sit in rank r's gathered buffer.
+// The AllGather's program as the simulator's steps: an executor (comm/allgather.hpp) whose
+// buffers are fake addresses that encode (rank, buffer, row), so each move can be checked.
+// Each item of the program (wait, move, notify) becomes one step.
+constexpr int kTileReady = 0;
+struct SimExec {
+  int rank = 0;
+  int64_t row_bytes = 1;
+  test::Step cur{};
+  std::vector<Copy2D> moves{};
+  // Rank r's gathered buffer at (r + 1) << 40, its rows A_r at (r + 1 + kMaxWorldSize) << 40.
+  static std::byte* gathered_of(int r) { return reinterpret_cast<std::byte*>(uintptr_t(r + 1) << 40); }
+  static const void* rows_of(int r) { return reinterpret_cast<const void*>(uintptr_t(r + 1 + kMaxWorldSize) << 40); }
+  std::byte* local(ByteField) const { return gathered_of(rank); }
+  std::byte* peer(int r, ByteField) const { return gathered_of(r); }
+  void barrier(Field<Signal>, uint64_t) {}
+  void wait(int owner, Field<Signal>, int slot, uint64_t, WaitSite site) {
+    EXPECT_EQ(site.field, SignalField::kTileReady);
+    cur.waits.push_back({owner, kTileReady, slot});
+  }
+  void pull(int, const Copy2D& c) { moves.push_back(c); }
+  void push(int, const Copy2D& c) { moves.push_back(c); }
+  void notify_local(Field<Signal>, int slot, uint64_t) { cur.notifies.push_back({rank, kTileReady, slot}); }
+  void notify_peer(int peer, Field<Signal>, int slot, uint64_t) { cur.notifies.push_back({peer, kTileReady, slot}); }
+};
+
+// The programs of comm/allgather.hpp (what every executor runs) and of the compute side, one epoch,
+// on the abstract machine. `have[r][t]`: comm tile t's rows sit in rank r's gathered buffer.
 TEST(AgGemmPlan, ProgramsFinishAndReadOnlyArrivedRows) {
   TL_SEEDED_RNG(rng);
-  enum { kTileReady = 0 };
   for (int iter = 0; iter < 300; ++iter) {
     Shape s = random_shape(rng);
     SCOPED_TRACE(describe(s));
     auto plans = make_plans(s);
-    const int world = s.rows.world_size, n_tiles = plans[0].comm.num_tiles();
+    const int world = s.rows.world_size, n_tiles = plans[0].ag.tiles.num_tiles();
     std::vector<std::vector<char>> have(world, std::vector<char>(n_tiles, 0));
     std::vector<std::vector<int>> produced(world);
     std::vector<std::string> errors;
     test::ProgramSim sim;
+    // Decodes a fake address: (rank, is A_r, row) of the buffer it points into.
+    auto decode = [&](const void* ptr, int64_t rb, int* r, bool* own_rows, int64_t* row) {
+      const uintptr_t v = reinterpret_cast<uintptr_t>(ptr);
+      const int slot = static_cast<int>(v >> 40) - 1;
+      *own_rows = slot >= kMaxWorldSize;
+      *r = *own_rows ? slot - kMaxWorldSize : slot;
+      *row = static_cast<int64_t>(v & ((uintptr_t(1) << 40) - 1)) / rb;
+      if (*own_rows) *row += s.rows.begin(*r);  // A_r's row 0 is global row begin(r)
+    };
     for (const AgGemmPlan& p : plans) {
       const int r = p.rank, cw = p.config.comm_workers, kw = p.config.compute_workers;
       produced[r].assign(static_cast<size_t>(p.m() * p.n), 0);
       for (int w = 0; w < cw; ++w) {
         test::Worker wk{"rank " + std::to_string(r) + " comm " + std::to_string(w), {}};
-        if (p.config.mode == CommMode::kPull) {
-          for (int i = w; i < p.comm.num_tiles(); i += cw) {
-            int t = p.pull_tile_at(i), owner = p.comm.rank_of(t);
-            test::Step st;
-            if (owner != r) st.waits.push_back({owner, kTileReady, t});
-            st.act = [&, r, t, owner] {
-              if (owner != r && !have[owner][t])
-                errors.push_back("rank " + std::to_string(r) + " pulled tile " + std::to_string(t) +
-                                 " before it arrived");
-              have[r][t] = 1;
-            };
-            st.notifies.push_back({r, kTileReady, t});
-            wk.steps.push_back(std::move(st));
-          }
-        } else {
-          for (int i = w; i < p.push_count(); i += cw) {
-            int peer = 0, t = 0;
-            p.push_at(i, &peer, &t);
-            test::Step st;
-            st.act = [&, peer, t] { have[peer][t] = 1; };
-            st.notifies.push_back({peer, kTileReady, t});
-            wk.steps.push_back(std::move(st));
-          }
+        for (int i = w; i < p.ag.count(); i += cw) {
+          SimExec x{r, p.ag.row_bytes};
+          allgather_item(x, p.ag, i, 1, SimExec::rows_of(r));
+          test::Step st = std::move(x.cur);
+          const AgGemmPlan* pp = &p;
+          st.act = [&, pp, moves = x.moves] {
+            for (const Copy2D& c : moves) {
+              int src_rank = 0, dst_rank = 0;
+              bool src_own = false, dst_own = false;
+              int64_t src_row = 0, dst_row = 0;
+              decode(c.src, pp->ag.row_bytes, &src_rank, &src_own, &src_row);
+              decode(c.dst, pp->ag.row_bytes, &dst_rank, &dst_own, &dst_row);
+              if (dst_own || src_row != dst_row || c.row_bytes != pp->ag.row_bytes) {
+                errors.push_back("a move that is not rows into a gathered buffer");
+                continue;
+              }
+              if (src_own && src_rank != pp->rank) errors.push_back("a move from another rank's A");
+              for (int64_t row = dst_row; row < dst_row + c.rows; ++row) {
+                const int t = pp->ag.tiles.tile_of_row(row);
+                if (!src_own && !have[src_rank][t])
+                  errors.push_back("rank " + std::to_string(pp->rank) + " moved row " + std::to_string(row) +
+                                   " from rank " + std::to_string(src_rank) + " before it arrived there");
+                if (src_own && pp->ag.tiles.rank_of(t) != pp->rank) errors.push_back("own rows of another rank");
+                have[dst_rank][t] = 1;
+              }
+            }
+          };
+          wk.steps.push_back(std::move(st));
         }
         sim.add(std::move(wk));
       }
@@ -259,7 +301,7 @@ TEST(AgGemmPlan, ProgramsFinishAndReadOnlyArrivedRows) {
           st.act = [&, pp, r, tile] {
             Rect reg = pp->gemm.region(tile);
             for (int64_t row = reg.row; row < reg.row + reg.rows; ++row)
-              if (!have[r][pp->comm.tile_of_row(row)])
+              if (!have[r][pp->ag.tiles.tile_of_row(row)])
                 errors.push_back("rank " + std::to_string(r) + " read row " + std::to_string(row) +
                                  " before it arrived");
             for (int64_t a = reg.row; a < reg.row + reg.rows; ++a)

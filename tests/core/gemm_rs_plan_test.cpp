@@ -12,6 +12,7 @@
 
 #include "../support/random.hpp"
 #include "program_sim.hpp"
+#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink {
@@ -90,8 +91,8 @@ TEST(GemmRsPlan, ReduceWalkFollowsTheOwnGemmTiles) {
         std::vector<int> finished_at(static_cast<size_t>(p.gemm.num_tiles()));
         for (int i = 0; i < p.compute_order.count(); ++i) finished_at[p.gemm.linear(p.compute_order.at(i))] = i;
         int last = -1;
-        for (int i = 0; i < p.reduce_count(); ++i) {
-          const TileSpan span = p.waits_for(p.reduce_region(i));
+        for (int i = 0; i < p.rs.count(); ++i) {
+          const TileSpan span = p.rs.producer.covering(p.rs.band(i));
           int ready = -1;  // when the last own gemm tile covering reduce tile i finishes
           for (int m = span.m_begin; m < span.m_end; ++m)
             for (int n = span.n_begin; n < span.n_end; ++n) ready = std::max(ready, finished_at[p.gemm.linear({m, n})]);
@@ -151,8 +152,8 @@ TEST(GemmRsPlan, ReduceTilesPartitionEachSegmentExactly) {
       ASSERT_EQ(p.compute_order.start_m, 0);
       ASSERT_EQ(p.compute_order.group_m % p.world_size, 0);
       ASSERT_GE(p.compute_order.group_m, s.cfg.group_m);
-      for (int i = 0; i < p.reduce_count(); ++i) {
-        Rect r = p.reduce_region(i);
+      for (int i = 0; i < p.rs.count(); ++i) {
+        Rect r = p.rs.band(i);
         ASSERT_FALSE(r.empty()) << "rank " << p.rank << " reduce tile " << i;
         ASSERT_GE(r.row, s.rows.begin(p.rank));
         ASSERT_LE(r.row + r.rows, s.rows.end(p.rank));
@@ -163,7 +164,7 @@ TEST(GemmRsPlan, ReduceTilesPartitionEachSegmentExactly) {
         for (int64_t a = r.row; a < r.row + r.rows; ++a)
           for (int64_t b = r.col; b < r.col + r.cols; ++b) ++reduced[a * s.n + b];
         // waits_for: exactly the gemm tiles intersecting the region.
-        TileSpan span = p.waits_for(r);
+        TileSpan span = p.rs.producer.covering(r);
         for (int id = 0; id < p.gemm.num_tiles(); ++id) {
           TileCoord c = p.gemm.coord(id);
           Rect g = p.gemm.region(c);
@@ -203,19 +204,19 @@ TEST(GemmRsPlan, StagingSlotsAndOffsetsAreUniqueAndInRange) {
     std::set<int> slots;
     for (int src = 0; src < world; ++src)
       for (int t = 0; t < p0.gemm.num_tiles(); ++t) {
-        int slot = p0.staged_slot(src, t);
+        int slot = p0.rs.staged_slot(src, t);
         ASSERT_GE(slot, 0);
-        ASSERT_LT(slot, p0.ws.staged.count);
+        ASSERT_LT(slot, p0.rs.f.staged.count);
         ASSERT_TRUE(slots.insert(slot).second) << "slot " << slot << " repeats";
       }
     // Every (source, row of the owner's segment, column) lands on its own staging element.
-    const int64_t staging_elems = p0.ws.staging.count / dtype_size(s.dtype);
+    const int64_t staging_elems = p0.rs.f.staging.count / dtype_size(s.dtype);
     for (int owner = 0; owner < world; ++owner) {
       std::vector<char> used(static_cast<size_t>(staging_elems), 0);
       for (int src = 0; src < world; ++src)
         for (int64_t row = s.rows.begin(owner); row < s.rows.end(owner); ++row)
           for (int64_t col = 0; col < s.n; ++col) {
-            int64_t off = plans[src].staging_offset_elems(src, row, owner) + col;
+            int64_t off = plans[src].rs.staging_offset_elems(src, row, owner) + col;
             ASSERT_GE(off, 0);
             ASSERT_LT(off, staging_elems) << "src " << src << " row " << row << " owner " << owner;
             ASSERT_FALSE(used[off]) << "staging element " << off << " written twice";
@@ -232,26 +233,27 @@ TEST(GemmRsPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
     SCOPED_TRACE(describe(s));
     auto plans = make_plans(s);
     const GemmRsWorkspace& w = plans[0].ws;
+    const ReduceScatterFields& f = plans[0].rs.f;
     const int64_t eb = dtype_size(s.dtype), tiles = plans[0].gemm.num_tiles();
     const int world = s.rows.world_size;
     if (s.cfg.mode == CommMode::kPull) {
-      ASSERT_EQ(w.tile_done.count, tiles);
-      ASSERT_EQ(w.claims.count, 1);
-      ASSERT_EQ(w.partial.count, s.rows.total() * s.n * eb);
+      ASSERT_EQ(f.tile_done.count, tiles);
+      ASSERT_EQ(f.claims.count, 1);
+      ASSERT_EQ(f.partial.count, s.rows.total() * s.n * eb);
     } else {
-      ASSERT_EQ(w.staged.count, world * tiles);
-      ASSERT_EQ(w.staging.count, world * s.rows.max_size() * s.n * eb);
+      ASSERT_EQ(f.staged.count, world * tiles);
+      ASSERT_EQ(f.staging.count, world * s.rows.max_size() * s.n * eb);
     }
     ASSERT_EQ(w.barrier.count, world);
     struct Span {
       uint64_t b, e;
     };
-    std::vector<Span> spans = {{w.tile_done.offset, w.tile_done.offset + w.tile_done.num_bytes()},
-                               {w.staged.offset, w.staged.offset + w.staged.num_bytes()},
+    std::vector<Span> spans = {{f.tile_done.offset, f.tile_done.offset + f.tile_done.num_bytes()},
+                               {f.staged.offset, f.staged.offset + f.staged.num_bytes()},
                                {w.barrier.offset, w.barrier.offset + w.barrier.num_bytes()},
-                               {w.claims.offset, w.claims.offset + w.claims.num_bytes()},
-                               {w.partial.offset, w.partial.offset + w.partial.num_bytes()},
-                               {w.staging.offset, w.staging.offset + w.staging.num_bytes()}};
+                               {f.claims.offset, f.claims.offset + f.claims.num_bytes()},
+                               {f.partial.offset, f.partial.offset + f.partial.num_bytes()},
+                               {f.staging.offset, f.staging.offset + f.staging.num_bytes()}};
     for (size_t i = 0; i < spans.size(); ++i) {
       ASSERT_EQ(spans[i].b % 256, 0u);
       ASSERT_LE(spans[i].e, w.num_bytes);
@@ -263,14 +265,14 @@ TEST(GemmRsPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
     }
     for (const GemmRsPlan& p : plans) {
       ASSERT_EQ(p.ws.num_bytes, w.num_bytes);
-      for (auto [a, b] : {std::pair{p.ws.tile_done, w.tile_done}, std::pair{p.ws.staged, w.staged},
+      for (auto [a, b] : {std::pair{p.rs.f.tile_done, f.tile_done}, std::pair{p.rs.f.staged, f.staged},
                           std::pair{p.ws.barrier, w.barrier}}) {
         ASSERT_EQ(a.offset, b.offset);
         ASSERT_EQ(a.count, b.count);
       }
-      ASSERT_EQ(p.ws.claims.offset, w.claims.offset);
-      ASSERT_EQ(p.ws.claims.count, w.claims.count);
-      for (auto [a, b] : {std::pair{p.ws.partial, w.partial}, std::pair{p.ws.staging, w.staging}}) {
+      ASSERT_EQ(p.rs.f.claims.offset, f.claims.offset);
+      ASSERT_EQ(p.rs.f.claims.count, f.claims.count);
+      for (auto [a, b] : {std::pair{p.rs.f.partial, f.partial}, std::pair{p.rs.f.staging, f.staging}}) {
         ASSERT_EQ(a.offset, b.offset);
         ASSERT_EQ(a.count, b.count);
       }
@@ -278,7 +280,30 @@ TEST(GemmRsPlan, WorkspaceIsSymmetricAlignedAndDisjoint) {
   }
 }
 
-// The programs of src/ops/cpu/gemm_rs.cpp, one epoch, on the abstract machine.
+// The ReduceScatter's program as a simulator step: its waits recorded (field ids kTileDone = 0,
+// kStaged = 1); its buffers fake addresses, never read.
+struct SimExec {
+  test::Step step{};
+  int sums = 0;
+  static std::byte* fake(int r) { return reinterpret_cast<std::byte*>(uintptr_t(r + 1) << 40); }
+  std::byte* local(ByteField) const { return fake(0); }
+  std::byte* peer(int r, ByteField) const { return fake(r); }
+  template <class Fn>
+  void wait_each(int count, Fn&& at, Field<Signal>, uint64_t, SignalField name) {
+    for (int w = 0; w < count; ++w) {
+      int holder = 0, slot = 0, tile = 0;
+      at(w, &holder, &slot, &tile);
+      step.waits.push_back({holder, name == SignalField::kTileDone ? 0 : 1, slot});
+    }
+  }
+  template <class Src>
+  void sum(int, Src&&, int64_t, void*, int64_t, int64_t, int64_t, DType) {
+    ++sums;
+  }
+};
+
+// The programs of src/ops/cpu/gemm_rs.cpp (the reduce: comm/reduce_scatter.hpp, what every
+// backend runs), one epoch, on the abstract machine.
 TEST(GemmRsPlan, ProgramsFinishAndReduceOnlyFinishedPartials) {
   TL_SEEDED_RNG(rng);
   enum { kTileDone = 0, kStaged = 1 };
@@ -289,7 +314,7 @@ TEST(GemmRsPlan, ProgramsFinishAndReduceOnlyFinishedPartials) {
     const int world = s.rows.world_size;
     const int tiles = plans[0].gemm.num_tiles();
     const bool push = s.cfg.mode == CommMode::kPush;
-    const int64_t staging_elems = plans[0].ws.staging.count / dtype_size(s.dtype);
+    const int64_t staging_elems = plans[0].rs.f.staging.count / dtype_size(s.dtype);
     std::vector<std::vector<char>> done(world, std::vector<char>(tiles, 0));  // pull: partial tiles
     // push: staging[owner][element] = 1 + (src, row, col) encoded, 0 if unwritten
     std::vector<std::vector<int64_t>> staging(
@@ -328,13 +353,13 @@ TEST(GemmRsPlan, ProgramsFinishAndReduceOnlyFinishedPartials) {
                   std::min(g.row + g.rows, p.rows.end(owner)))
                 want.insert(owner);
             ASSERT_EQ(walked, want) << "rank " << r << " gemm tile " << t;
-            for (int owner : walked) st.notifies.push_back({owner, kStaged, p.staged_slot(r, t)});
+            for (int owner : walked) st.notifies.push_back({owner, kStaged, p.rs.staged_slot(r, t)});
             st.act = [&, pp, r, g, walked] {
               for (int owner : walked)
                 for (int64_t row = std::max(g.row, pp->rows.begin(owner));
                      row < std::min(g.row + g.rows, pp->rows.end(owner)); ++row)
                   for (int64_t col = g.col; col < g.col + g.cols; ++col) {
-                    int64_t off = pp->staging_offset_elems(r, row, owner) + col;
+                    int64_t off = pp->rs.staging_offset_elems(r, row, owner) + col;
                     if (off < 0 || off >= staging_elems) {
                       errors.push_back("staging offset out of range");
                       continue;
@@ -350,28 +375,20 @@ TEST(GemmRsPlan, ProgramsFinishAndReduceOnlyFinishedPartials) {
       }
       for (int w = 0; w < cw; ++w) {
         test::Worker wk{"rank " + std::to_string(r) + " reduce " + std::to_string(w), {}};
-        for (int i = w; i < p.reduce_count(); i += cw) {
-          Rect reg = p.reduce_region(i);
-          TileSpan span = p.waits_for(reg);
-          test::Step st;
-          for (int step = 1; step <= world; ++step) {
-            int src = (r + step) % world;
-            for (int m = span.m_begin; m < span.m_end; ++m)
-              for (int n = span.n_begin; n < span.n_end; ++n) {
-                int t = p.gemm.linear({m, n});
-                if (push)
-                  st.waits.push_back({r, kStaged, p.staged_slot(src, t)});
-                else
-                  st.waits.push_back({src, kTileDone, t});
-              }
-          }
+        for (int i = w; i < p.rs.count(); i += cw) {
+          // The waits of the ReduceScatter's program itself (comm/reduce_scatter.hpp).
+          SimExec x;
+          reduce_scatter_item(x, p.rs, i, 1, SimExec::fake(0));
+          test::Step st = std::move(x.step);
+          EXPECT_EQ(x.sums, 1);
+          const Rect reg = p.rs.band(i);
           st.act = [&, pp, r, reg] {
             for (int64_t row = reg.row; row < reg.row + reg.rows; ++row)
               for (int64_t col = reg.col; col < reg.col + reg.cols; ++col) {
                 ++reduced[row * pp->n + col];
                 for (int src = 0; src < world; ++src) {
                   if (push) {
-                    int64_t off = pp->staging_offset_elems(src, row, r) + col;
+                    int64_t off = pp->rs.staging_offset_elems(src, row, r) + col;
                     if (staging[r][off] != code(src, row, col))
                       errors.push_back("reduce read an unstaged element");
                   } else if (!done[src]

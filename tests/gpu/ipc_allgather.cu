@@ -68,13 +68,13 @@ int main(int argc, char** argv) {
           TL_CUDA_CHECK(cudaMalloc(&a_dev, a[me].size() * 2));
           TL_CUDA_CHECK(cudaMemcpy(a_dev, a[me].data(), a[me].size() * 2, cudaMemcpyHostToDevice));
           const size_t gbytes = rows.total() * k * 2;
-          TL_CUDA_CHECK(cudaMemset(p.ws.gathered.in(ws.base(me)), 0xff, gbytes));  // poison
+          TL_CUDA_CHECK(cudaMemset(p.ag.f.gathered.in(ws.base(me)), 0xff, gbytes));  // poison
           TL_CUDA_CHECK(cudaDeviceSynchronize());
           MPI_Barrier(MPI_COMM_WORLD);
-          tlc::launch_ag_comm(w, p, ws.view(me), a_dev, epoch, {method, 2, 256});
-          w.barrier("ipc ag_comm");
+          tlc::launch_allgather(w, p.ag, p.ws.barrier, ws.view(me), a_dev, epoch, {method, 2, 256});
+          w.barrier("ipc allgather");
           std::vector<uint16_t> got(gbytes / 2), want;
-          TL_CUDA_CHECK(cudaMemcpy(got.data(), p.ws.gathered.in(ws.base(me)), gbytes, cudaMemcpyDeviceToHost));
+          TL_CUDA_CHECK(cudaMemcpy(got.data(), p.ag.f.gathered.in(ws.base(me)), gbytes, cudaMemcpyDeviceToHost));
           for (int r = 0; r < world; ++r) want.insert(want.end(), a[r].begin(), a[r].end());
           const bool ok = std::memcmp(got.data(), want.data(), gbytes) == 0;
           failures += !ok;

@@ -104,18 +104,18 @@ void run_ag_case(const AgCase& tc, uint32_t seed) {
       a_dev.push_back(std::make_unique<DeviceBuf>(a[r].size()));
       a_dev[r]->upload(a[r]);
       // Poison the gathered buffer.
-      TL_CUDA_CHECK(cudaMemset(plans[r].ws.gathered.in(ws.base(r)), 0xff, gathered_bytes));
+      TL_CUDA_CHECK(cudaMemset(plans[r].ag.f.gathered.in(ws.base(r)), 0xff, gathered_bytes));
     }
     sync_devices(gw);
     cw.run([&](cpu::RankContext& ctx) {
       cop.run(ctx, a[ctx.rank].data(), b[ctx.rank].data(), c[ctx.rank].data());
     });
     for (int r = 0; r < tc.world; ++r)
-      tlc::launch_ag_comm(gw, plans[r], ws.view(r), a_dev[r]->p, epoch, {tc.method, 3, 256});
-    gw.sync("ag_comm");
+      tlc::launch_allgather(gw, plans[r].ag, plans[r].ws.barrier, ws.view(r), a_dev[r]->p, epoch, {tc.method, 3, 256});
+    gw.sync("allgather");
     for (int r = 0; r < tc.world; ++r) {
       std::vector<std::byte> got(gathered_bytes);
-      TL_CUDA_CHECK(cudaMemcpy(got.data(), plans[r].ws.gathered.in(ws.base(r)), gathered_bytes,
+      TL_CUDA_CHECK(cudaMemcpy(got.data(), plans[r].ag.f.gathered.in(ws.base(r)), gathered_bytes,
                                cudaMemcpyDeviceToHost));
       ASSERT_EQ(0, std::memcmp(got.data(), cop.gathered(r), gathered_bytes))
           << "rank " << r << " epoch " << epoch << " world " << tc.world << " k " << tc.k
@@ -175,7 +175,7 @@ void run_rs_case(const RsCase& tc, uint32_t seed) {
     });
     for (int r = 0; r < tc.world; ++r) {
       tlc::launch_rs_publish(gw, plans[r], ws.view(r), p_dev[r]->p, epoch, {tlc::CopyMethod::kVector, 2, 256});
-      tlc::launch_rs_reduce(gw, plans[r], ws.view(r), c_dev[r]->p, epoch, {tlc::CopyMethod::kVector, 3, 256});
+      tlc::launch_reduce_scatter(gw, plans[r].rs, ws.view(r), c_dev[r]->p, epoch, {tlc::CopyMethod::kVector, 3, 256});
     }
     gw.sync("rs_comm");
     for (int r = 0; r < tc.world; ++r) {
@@ -267,7 +267,14 @@ TEST(CommAg, RefusesTooManyWorkers) {
   RowPartition rows = RowPartition::even(64, 2);
   AgGemmPlan p = AgGemmPlan::make(0, rows, 8, 64, DType::kBF16, AgGemmConfig{});
   tlc::SymmetricBuffer ws = gw.allocate(p.ws.num_bytes);
-  EXPECT_THROW(tlc::launch_ag_comm(gw, p, ws.view(0), ws.base(0), 1,
-                                    {tlc::CopyMethod::kVector, gw.sm_count(0) + 1, 256}),
-               Error);
+  test::expect_refused([&] { tlc::launch_allgather(gw, p.ag, p.ws.barrier, ws.view(0), ws.base(0), 1,
+                                              {tlc::CopyMethod::kVector, gw.sm_count(0) + 1, 256}); },
+                 "a spinning kernel must fit in its SMs");
+  test::expect_refused([&] { tlc::launch_allgather(gw, p.ag, p.ws.barrier, ws.view(0), ws.base(0), 0,
+                                              {tlc::CopyMethod::kVector, 2, 256}); },
+                 "epochs start at 1");
+  AgGemmPlan push = AgGemmPlan::make(0, rows, 8, 64, DType::kBF16, AgGemmConfig{.mode = CommMode::kPush});
+  test::expect_refused([&] { tlc::launch_allgather(gw, push.ag, push.ws.barrier, ws.view(0), ws.base(0), 1,
+                                              {tlc::CopyMethod::kCopyEngine, 0}); },
+                 "the copy engine runs the pull program only");
 }

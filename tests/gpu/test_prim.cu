@@ -39,11 +39,11 @@ __global__ void ping_data(SymmetricView heap, DeviceContext ctx, Field<Signal> f
       block.sync();
       if (block.leader()) {
         peer_tile_notify<S>(ctx, heap, 1, flags, 0, e);
-        consumer_tile_wait<S>(ctx, heap, flags, 1, e, WaitSite{"ack", -1});
+        consumer_tile_wait<S>(ctx, heap, flags, 1, e, WaitSite{SignalField::kAck, -1});
       }
       block.sync();
     } else {
-      if (block.leader()) consumer_tile_wait<S>(ctx, heap, flags, 0, e, WaitSite{"ready", -1});
+      if (block.leader()) consumer_tile_wait<S>(ctx, heap, flags, 0, e, WaitSite{SignalField::kReady, -1});
       block.sync();
       const uint64_t* d = heap.local(data);
       for (int64_t i = block.index(); i < data.count; i += block.size())
@@ -196,7 +196,7 @@ TEST(Data, CopyEngineBetweenStreamWaitAndWrite) {
   // Rank 0's stream: wait for rank 1's notify, copy rank 1's data here, announce it.
   w.bind(0);
   StreamContext sc{&w, 0, w.stream(0), "ce_copy"};
-  consumer_tile_wait(sc, v0, flags, 0, 1, WaitSite{"ready", -1});
+  consumer_tile_wait(sc, v0, flags, 0, 1, WaitSite{SignalField::kReady, -1});
   rank_copy_data(sc, 1, Copy2D{v0.peer(1, data), 4096, v0.local(data), 4096, static_cast<int64_t>(data.num_bytes() / 4096), 4096});
   producer_tile_notify(sc, v0, flags, 1, 7);
   // Rank 1 writes and notifies, launched after rank 0's wait is already queued.
@@ -218,7 +218,7 @@ TEST(Data, StreamWaitTimeoutNamesOpAndSlot) {
   Field<Signal> flags = lb.add<Signal>(4);
   SymmetricBuffer buf = w.allocate(lb.num_bytes());
   StreamContext sc{&w, 0, w.stream(0), "stuck_op"};
-  consumer_tile_wait(sc, buf.view(0), flags, 2, 5, WaitSite{"ready", 9});
+  consumer_tile_wait(sc, buf.view(0), flags, 2, 5, WaitSite{SignalField::kReady, 9});
   try {
     w.sync("stuck_op");
     FAIL() << "no timeout";

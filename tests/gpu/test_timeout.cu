@@ -12,7 +12,7 @@ using namespace tilelink::cuda;
 
 namespace {
 __global__ void wait_forever(SymmetricView heap, DeviceContext ctx, Field<Signal> flags) {
-  if (threadIdx.x == 0) peer_tile_wait<Scope::kGpu>(ctx, heap, 1, flags, 3, 42, WaitSite{"tile_ready", 17});
+  if (threadIdx.x == 0) peer_tile_wait<Scope::kGpu>(ctx, heap, 1, flags, 3, 42, WaitSite{SignalField::kTileReady, 17});
 }
 TL_REGISTER_KERNELS(wait_forever);
 }  // namespace
@@ -32,7 +32,8 @@ TEST(Timeout, DeviceWaitTrapsAndHostNamesOp) {
     EXPECT_NE(m.find("op probe_op"), std::string::npos) << m;
     EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
     EXPECT_NE(m.find("tile 17"), std::string::npos) << m;
-    EXPECT_NE(m.find("slot 3 of rank 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 timed out waiting on tile_ready[3] of rank 1: expected >= 42, observed 0"),
+              std::string::npos) << m;
     EXPECT_NE(m.find("expected >= 42, observed 0"), std::string::npos) << m;
     std::printf("reported: %s\n", m.c_str());
   }

@@ -63,14 +63,14 @@ TEST(Signals, AllToAllMessagesAreSeenAfterTheWait) {
       for (int step = 1; step < w; ++step) {
         int dst = (me + step) % w;
         // The previous message in my inbox on dst was consumed.
-        consumer_tile_wait(ctx, v, mb.ack, dst, e - 1, WaitSite{"ack", dst});
+        consumer_tile_wait(ctx, v, mb.ack, dst, e - 1, WaitSite{SignalField::kAck, dst});
         uint64_t* box = v.peer(dst, mb.inbox) + me * Mailbox::kWords;
         for (int i = 0; i < Mailbox::kWords; ++i) box[i] = payload(seed, me, dst, e, i);
         peer_tile_notify(ctx, v, dst, mb.ready, me, e);
       }
       for (int step = 1; step < w; ++step) {
         int src = (me + w - step) % w;
-        consumer_tile_wait(ctx, v, mb.ready, src, e, WaitSite{"ready", src});
+        consumer_tile_wait(ctx, v, mb.ready, src, e, WaitSite{SignalField::kReady, src});
         const uint64_t* box = v.local(mb.inbox) + src * Mailbox::kWords;
         for (int i = 0; i < Mailbox::kWords; ++i)
           if (box[i] != payload(seed, src, me, e, i)) bad.fetch_add(1);
@@ -101,11 +101,11 @@ TEST(Signals, PingPongOverAThousandEpochsWithoutReset) {
           uint64_t* box = v.peer(other, mb.inbox);
           for (int w = 0; w < Mailbox::kWords; ++w) box[w] = payload(seed, me, other, e, w);
           peer_tile_notify(ctx, v, other, mb.ready, me, e);
-          consumer_tile_wait(ctx, v, mb.ready, other, e, WaitSite{"ready", 0});
+          consumer_tile_wait(ctx, v, mb.ready, other, e, WaitSite{SignalField::kReady, 0});
           for (int w = 0; w < Mailbox::kWords; ++w)
             if (v.local(mb.inbox)[w] != payload(seed, other, me, e, w)) bad.fetch_add(1);
         } else {
-          consumer_tile_wait(ctx, v, mb.ready, other, e, WaitSite{"ready", 0});
+          consumer_tile_wait(ctx, v, mb.ready, other, e, WaitSite{SignalField::kReady, 0});
           for (int w = 0; w < Mailbox::kWords; ++w)
             if (v.local(mb.inbox)[w] != payload(seed, other, me, e, w)) bad.fetch_add(1);
           uint64_t* box = v.peer(other, mb.inbox);
@@ -140,7 +140,7 @@ TEST(Signals, ProducerConsumerWorkersInsideARank) {
                      [&](int w) {
                        for (uint64_t e = 1; e <= iters; ++e)
                          for (int t = w; t < tiles; t += producers) {
-                           consumer_tile_wait(ctx, v, consumed, t, e - 1, WaitSite{"consumed", t});
+                           consumer_tile_wait(ctx, v, consumed, t, e - 1, WaitSite{SignalField::kConsumed, t});
                            for (int i = 0; i < words; ++i)
                              v.local(data)[t * words + i] = payload(seed, ctx.rank, t, e, i);
                            producer_tile_notify(ctx, v, ready, t, e);
@@ -150,7 +150,7 @@ TEST(Signals, ProducerConsumerWorkersInsideARank) {
                      [&](int w) {
                        for (uint64_t e = 1; e <= iters; ++e)
                          for (int t = w; t < tiles; t += consumers) {
-                           consumer_tile_wait(ctx, v, ready, t, e, WaitSite{"ready", t});
+                           consumer_tile_wait(ctx, v, ready, t, e, WaitSite{SignalField::kReady, t});
                            for (int i = 0; i < words; ++i)
                              if (v.local(data)[t * words + i] != payload(seed, ctx.rank, t, e, i))
                                bad.fetch_add(1);
@@ -216,12 +216,12 @@ TEST(Signals, TimeoutNamesOpRankTileSlotExpectedAndObserved) {
     world.run([&](RankContext& ctx) {
       ctx.op = "my_op";
       if (ctx.rank == 1)
-        consumer_tile_wait(ctx, heap.view(1), t.flags, 3, 5, WaitSite{"tile_ready", 7});
+        consumer_tile_wait(ctx, heap.view(1), t.flags, 3, 5, WaitSite{SignalField::kTileReady, 7});
     });
     FAIL() << "the wait did not time out";
   } catch (const TimeoutError& e) {
     expect_contains(e.what(),
-                    {"my_op", "rank 1", "tile 7", "tile_ready[3]", "expected >= 5", "observed 2"});
+                    {"op my_op: rank 1 timed out waiting on tile_ready[3] of rank 1: expected >= 5, observed 2", "tile 7"});
   }
   auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_GE(elapsed, 200ms);
@@ -236,7 +236,7 @@ TEST(Signals, PeerAndRankWaitTimeoutsNameTheOwner) {
     world.run([&](RankContext& ctx) {
       ctx.op = "peer_op";
       if (ctx.rank == 2)
-        peer_tile_wait(ctx, heap.view(2), 0, t.flags, 6, 1, WaitSite{"tile_done", 11});
+        peer_tile_wait(ctx, heap.view(2), 0, t.flags, 6, 1, WaitSite{SignalField::kTileDone, 11});
     });
     FAIL() << "the wait did not time out";
   } catch (const TimeoutError& e) {
@@ -271,7 +271,7 @@ TEST(Abort, OneRankThrowsTheOthersStopPromptly) {
         throw std::runtime_error("rank two broke");
       }
       try {
-        consumer_tile_wait(ctx, heap.view(ctx.rank), t.flags, 0, 1, WaitSite{"never", 0});
+        consumer_tile_wait(ctx, heap.view(ctx.rank), t.flags, 0, 1, WaitSite{SignalField::kReady, 0});
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find("rank two broke"), std::string::npos) << e.what();
@@ -304,7 +304,7 @@ TEST(Abort, AWorkerThrowsTheOtherWorkersAndRanksStop) {
                             [&](int w) {
                               if (ctx.rank == 1 && w == 1)
                                 throw Error("worker 1 of rank 1 failed on purpose");
-                              consumer_tile_wait(ctx, v, t.flags, w, 1, WaitSite{"never", w});
+                              consumer_tile_wait(ctx, v, t.flags, w, 1, WaitSite{SignalField::kReady, w});
                             }},
                            {1,
                             [&](int) {

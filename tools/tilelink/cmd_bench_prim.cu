@@ -43,9 +43,9 @@ __global__ void pingpong(SymmetricView heap, DeviceContext ctx, Field<Signal> f,
   for (uint64_t e = base + 1; e <= base + static_cast<uint64_t>(iters); ++e) {
     if (who == 0) {
       producer_tile_notify<S>(ctx, heap, f, 0, e);
-      consumer_tile_wait<S>(ctx, heap, f, 1, e, WaitSite{"pong", -1});
+      consumer_tile_wait<S>(ctx, heap, f, 1, e, WaitSite{SignalField::kProbe, -1});
     } else {
-      consumer_tile_wait<S>(ctx, heap, f, 0, e, WaitSite{"ping", -1});
+      consumer_tile_wait<S>(ctx, heap, f, 0, e, WaitSite{SignalField::kProbe, -1});
       producer_tile_notify<S>(ctx, heap, f, 1, e);
     }
   }
@@ -326,7 +326,7 @@ double measure_copy_engine(World& w, const BenchSetup& b, const SymmetricView& v
   double ms = time_ms(s0, w, b.reps, [&] {
     ++*base;
     producer_tile_notify(sc, v0, flags, 0, *base);
-    consumer_tile_wait(sc, v0, flags, 0, *base, WaitSite{"ce", -1});
+    consumer_tile_wait(sc, v0, flags, 0, *base, WaitSite{SignalField::kProbe, -1});
     rank_copy_data(sc, 1, Copy2D{src, b.bytes, dst, b.bytes, 1, b.bytes});
     producer_tile_notify(sc, v0, flags, 1, *base);
   });

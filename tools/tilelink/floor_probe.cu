@@ -23,9 +23,9 @@ __global__ void pingpong_kernel(tlc::DeviceContext ctx, SymmetricView heap, Fiel
   for (int i = 1; i <= iters; ++i) {
     if (ctx.rank == 0) {
       tlc::peer_tile_notify<S>(ctx, heap, peer, f, 0, base + i);
-      tlc::consumer_tile_wait<S>(ctx, heap, f, 0, base + i, WaitSite{"floor_pingpong", i});
+      tlc::consumer_tile_wait<S>(ctx, heap, f, 0, base + i, WaitSite{SignalField::kProbe, i});
     } else {
-      tlc::consumer_tile_wait<S>(ctx, heap, f, 0, base + i, WaitSite{"floor_pingpong", i});
+      tlc::consumer_tile_wait<S>(ctx, heap, f, 0, base + i, WaitSite{SignalField::kProbe, i});
       tlc::peer_tile_notify<S>(ctx, heap, peer, f, 0, base + i);
     }
   }

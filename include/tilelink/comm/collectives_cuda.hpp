@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "tilelink/comm/allgather.hpp"
 #include "tilelink/comm/allreduce.hpp"
-#include "tilelink/ops/ag_gemm_plan.hpp"
-#include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cuda {
@@ -34,7 +34,8 @@ class AllGatherCollective {
 
  private:
   World& world_;
-  std::vector<AgGemmPlan> plans_;
+  std::vector<AllGatherPlan> plans_;
+  Field<Signal> barrier_;
   SymmetricBuffer ws_;
   bool copy_engine_;
   uint64_t epoch_ = 0;
@@ -50,7 +51,8 @@ class ReduceScatterCollective {
 
  private:
   World& world_;
-  std::vector<GemmRsPlan> plans_;
+  std::vector<ReduceScatterPlan> plans_;
+  Field<Signal> barrier_;
   SymmetricBuffer ws_;
   uint64_t epoch_ = 0;
 };

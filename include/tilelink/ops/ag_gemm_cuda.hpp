@@ -112,10 +112,9 @@ class AgGemm {
  private:
   void check_args(const std::vector<const void*>& a, const std::vector<const void*>& b,
                   const std::vector<void*>& c) const;
-  // kLocal: barrier and own segment; kRemote: the rest; kDirect: barrier and the peers' tiles (the
-  // GEMM reads the own segment from A_r).
-  enum class CommPart : uint8_t { kAll, kLocal, kRemote, kDirect };
-  void enqueue_comm(int r, const void* a, CommPart part);
+  // The AllGather's program on rank r, or a part of it (comm/allgather.hpp; the copy engine runs
+  // parts, the SM kernel runs the whole program for any part but kRemote).
+  void enqueue_comm(int r, const void* a, AllGatherPart part);
   bool local_before_gemm() const;
   bool own_direct(int r) const;  // push on separate GPUs, own segment on tile rows
   // hooks: the engine with the wait hooks; linked: they wait for this call's epoch (else they

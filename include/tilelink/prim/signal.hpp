@@ -39,10 +39,47 @@ namespace tilelink {
 
 enum class Scope : uint8_t { kBlock, kGpu, kSystem };
 
+// The signal fields of the library's plans, and a few generic ones for programs of one's own, so a
+// timeout on any backend names the field it waited on: "tile_ready[3] of rank 2". One byte on the
+// device (the fault record carries it to the host).
+enum class SignalField : uint8_t {
+  kSignal,       // unnamed
+  kRankSignals,  // a barrier's per-rank slots (rank_wait)
+  kTileReady,    // AllGather: a comm tile's rows are in the gathered buffer
+  kTileDone,     // a producer's (GEMM's) tile of the partial is stored
+  kStaged,       // ReduceScatter push: a source's tile is in the owner's staging slot
+  kBandReady,    // AllReduce two-shot: an owner's reduced band is ready
+  kCountsReady,  // AllToAll: a peer's row counts have landed
+  kRowsReady,    // AllToAll: a peer's rows have landed
+  kReady,        // generic: a producer's item is ready
+  kAck,          // generic: a consumer is done with an item
+  kConsumed,     // generic: a slot may be overwritten
+  kProbe,        // the microbenchmarks' ping-pong flags
+};
+
+TL_HD constexpr const char* signal_field_name(SignalField f) {
+  switch (f) {
+    case SignalField::kSignal: return "signal";
+    case SignalField::kRankSignals: return "rank_signals";
+    case SignalField::kTileReady: return "tile_ready";
+    case SignalField::kTileDone: return "tile_done";
+    case SignalField::kStaged: return "staged";
+    case SignalField::kBandReady: return "band_ready";
+    case SignalField::kCountsReady: return "counts_ready";
+    case SignalField::kRowsReady: return "rows_ready";
+    case SignalField::kReady: return "ready";
+    case SignalField::kAck: return "ack";
+    case SignalField::kConsumed: return "consumed";
+    case SignalField::kProbe: return "probe";
+  }
+  return "signal";
+}
+
 // What a wait is for, for the timeout report. `tile` is -1 for rank-level waits.
 struct WaitSite {
-  const char* field = "signal";  // the workspace field's name, e.g. "tile_ready"
+  SignalField field = SignalField::kSignal;
   int tile = -1;
+  TL_HD const char* name() const { return signal_field_name(field); }
 };
 
 }  // namespace tilelink

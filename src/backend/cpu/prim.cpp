@@ -37,17 +37,17 @@ void bounded_wait(const RankContext& ctx, const SymmetricView& heap, int owner, 
       std::this_thread::yield();
       if (ctx.world && ctx.world->aborted()) {
         std::ostringstream os;
-        os << "op " << ctx.op << ": rank " << ctx.rank << " stopped waiting on " << site.field
-           << "[" << slot << "] because the world aborted (" << ctx.world->abort_reason() << ")";
+        os << "op " << ctx.op << ": rank " << ctx.rank << " stopped waiting on " << site.name() << "[" << slot
+           << "] of rank " << owner << " because the world aborted (" << ctx.world->abort_reason() << ")";
         throw Error(os.str());
       }
       if (std::chrono::steady_clock::now() > deadline) {
         std::ostringstream os;
-        os << "op " << ctx.op << ": rank " << ctx.rank << " timed out after "
-           << std::chrono::duration<double>(ctx.timeout).count() << " s waiting on ";
+        os << "op " << ctx.op << ": rank " << ctx.rank << " timed out waiting on " << site.name() << "[" << slot
+           << "] of rank " << owner << ": expected >= " << target << ", observed "
+           << ref.load(std::memory_order_acquire) << " (";
         if (site.tile >= 0) os << "tile " << site.tile << ", ";
-        os << "signal " << site.field << "[" << slot << "] of rank " << owner << ": expected >= "
-           << target << ", observed " << ref.load(std::memory_order_acquire);
+        os << "after " << std::chrono::duration<double>(ctx.timeout).count() << " s)";
         throw TimeoutError(os.str());
       }
     }
@@ -102,7 +102,7 @@ void rank_wait(const RankContext& ctx, const SymmetricView& heap, int peer, Fiel
   // NOTE: the slot is the peer's rank; check it against the world, not only against the field.
   TL_REQUIRE(peer >= 0 && peer < ctx.world_size,
              "op " << ctx.op << ": wait on rank " << peer << " outside a world of " << ctx.world_size);
-  bounded_wait(ctx, heap, ctx.rank, f, peer, target, WaitSite{"rank_signals", -1});
+  bounded_wait(ctx, heap, ctx.rank, f, peer, target, WaitSite{SignalField::kRankSignals, -1});
 }
 
 void rank_barrier(const RankContext& ctx, const SymmetricView& heap, Field<Signal> f,

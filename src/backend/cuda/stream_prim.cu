@@ -19,8 +19,8 @@ __global__ void graph_notify_kernel(DeviceContext ctx, SymmetricView heap, int p
 }
 template <Scope S>
 __global__ void graph_wait_kernel(DeviceContext ctx, SymmetricView heap, int owner, Field<Signal> f,
-                                  int slot, int tile, Epoch target) {
-  peer_tile_wait<S>(ctx, heap, owner, f, slot, target.value(), WaitSite{"signal (graph-mode stream wait)", tile});
+                                  int slot, WaitSite site, Epoch target) {
+  peer_tile_wait<S>(ctx, heap, owner, f, slot, target.value(), site);
 }
 template <Scope S>
 __global__ void graph_barrier_kernel(DeviceContext ctx, SymmetricView heap, Field<Signal> f, Epoch epoch) {
@@ -48,13 +48,13 @@ void graph_notify(const StreamContext& ctx, const SymmetricView& heap, int peer,
   check_launch(ctx);
 }
 void graph_wait(const StreamContext& ctx, const SymmetricView& heap, int owner, Field<Signal> f,
-                int slot, int tile, uint64_t target) {
+                int slot, WaitSite site, uint64_t target) {
   const DeviceContext dc = ctx.world->device_context(ctx.rank);
   const Epoch e{target, ctx.epoch_counter};
   if (ctx.world->scope() == Scope::kGpu)
-    graph_wait_kernel<Scope::kGpu><<<1, 1, 0, ctx.stream>>>(dc, heap, owner, f, slot, tile, e);
+    graph_wait_kernel<Scope::kGpu><<<1, 1, 0, ctx.stream>>>(dc, heap, owner, f, slot, site, e);
   else
-    graph_wait_kernel<Scope::kSystem><<<1, 1, 0, ctx.stream>>>(dc, heap, owner, f, slot, tile, e);
+    graph_wait_kernel<Scope::kSystem><<<1, 1, 0, ctx.stream>>>(dc, heap, owner, f, slot, site, e);
   check_launch(ctx);
 }
 
@@ -79,7 +79,7 @@ void wait_value(const StreamContext& ctx, uint64_t* addr, int owner, int slot, u
   TL_CU_CHECK(::tilelink::cuda::driver::cuStreamWaitValue64(reinterpret_cast<CUstream>(ctx.stream),
                                   reinterpret_cast<CUdeviceptr>(addr), target,
                                   CU_STREAM_WAIT_VALUE_GEQ));
-  ctx.world->note_stream_wait({ctx.rank, owner, slot, site.tile, site.field, addr, target});
+  ctx.world->note_stream_wait({ctx.rank, owner, slot, site.tile, site.name(), addr, target});
 }
 
 }  // namespace
@@ -94,7 +94,7 @@ void producer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, F
 void consumer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,
                         int slot, uint64_t target, WaitSite site) {
   check(ctx, heap, ctx.rank, f, slot);
-  if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, slot, site.tile, target);
+  if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, slot, site, target);
   wait_value(ctx, heap.peer(ctx.rank, f) + slot, ctx.rank, slot, target, site);
 }
 
@@ -108,7 +108,7 @@ void peer_tile_notify(const StreamContext& ctx, const SymmetricView& heap, int p
 void peer_tile_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
                     int slot, uint64_t target, WaitSite site) {
   check(ctx, heap, peer, f, slot);
-  if (ctx.epoch_counter) return graph_wait(ctx, heap, peer, f, slot, site.tile, target);
+  if (ctx.epoch_counter) return graph_wait(ctx, heap, peer, f, slot, site, target);
   wait_value(ctx, heap.peer(peer, f) + slot, peer, slot, target, site);
 }
 
@@ -124,7 +124,7 @@ void rank_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Fi
   check(ctx, heap, ctx.rank, f, peer);
   if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, peer, -1, target);
   wait_value(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
-             WaitSite{"rank_signals", -1});
+             WaitSite{SignalField::kRankSignals, -1});
 }
 
 void rank_barrier(const StreamContext& ctx, const SymmetricView& heap, Field<Signal> f,

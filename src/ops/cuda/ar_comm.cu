@@ -27,7 +27,7 @@ struct WarpAllReduceExec {
     for (int w = lanes.index(); w < count; w += 32) {
       int source = 0, slot = 0;
       wait_at(w, &source, &slot);
-      peer_tile_wait<S>(ctx, heap, source, p.f.tile_done, slot, target, WaitSite{"tile_done", slot});
+      peer_tile_wait<S>(ctx, heap, source, p.f.tile_done, slot, target, WaitSite{SignalField::kTileDone, slot});
     }
     lanes.sync();
   }
@@ -56,7 +56,7 @@ struct WarpAllReduceExec {
 
   // Every lane acquires the owner's band signal itself: its own loads follow its own acquire.
   TL_DEVICE void wait_band(int owner, int slot, uint64_t target) {
-    peer_tile_wait<S>(ctx, heap, owner, p.f.band_ready, slot, target, WaitSite{"band_ready", slot});
+    peer_tile_wait<S>(ctx, heap, owner, p.f.band_ready, slot, target, WaitSite{SignalField::kBandReady, slot});
   }
 
   TL_DEVICE void copy_rows(int owner, const Rect& r, void* dst, int64_t dst_ld) {
@@ -69,12 +69,6 @@ struct WarpAllReduceExec {
   }
 };
 
-// The next item of a walk of `count` items, claimed by lane 0 (warp-uniform result).
-TL_DEVICE int claim(uint64_t* counter, uint64_t epoch, Warp lanes) {
-  long long j = lanes.index() == 0 ? detail::claim_band(counter, epoch) : 0;
-  return static_cast<int>(__shfl_sync(0xffffffffu, j, 0));
-}
-
 template <Scope S>
 __global__ void __launch_bounds__(512)
     allreduce_kernel(__grid_constant__ const AllReducePlan p, __grid_constant__ const SymmetricView heap,
@@ -85,8 +79,8 @@ __global__ void __launch_bounds__(512)
   uint64_t* claims = heap.local(p.f.claims);
   // Reduce items first, then gather items: a warp that gathers waits only on peers' reduces, which
   // wait only on producers, so no warp can hold up the work it waits for.
-  for (int j; (j = claim(&claims[0], epoch, lanes)) < p.reduce_count();) allreduce_reduce_item(x, p, j, epoch, c);
-  for (int i; (i = claim(&claims[1], epoch, lanes)) < p.gather_count();) allreduce_gather_item(x, p, i, epoch, c);
+  for (int j; (j = detail::claim(&claims[0], epoch, lanes)) < p.reduce_count();) allreduce_reduce_item(x, p, j, epoch, c);
+  for (int i; (i = detail::claim(&claims[1], epoch, lanes)) < p.gather_count();) allreduce_gather_item(x, p, i, epoch, c);
 }
 TL_REGISTER_KERNELS(allreduce_kernel<Scope::kGpu>, allreduce_kernel<Scope::kSystem>);
 

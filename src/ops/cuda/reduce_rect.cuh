@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "tilelink/backend/cuda/prim.cuh"
+#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/core/dtype.hpp"
 
 namespace tilelink::cuda::detail {
@@ -38,8 +39,8 @@ struct Elem<DType::kF16> {
   static TL_DEVICE T store(float v) { return __float2half_rn(v); }
 };
 
-// Rows of a reduce tile that one warp takes at a time (a "band").
-constexpr int kBandRows = 32;
+// Rows of a band, the item one warp takes at a time.
+constexpr int kBandRows = kReduceBandRows;
 
 // The next band of this call, claimed from the shared counter (one lane): its high half tags the
 // call (the epoch's low 32 bits), its low half counts claims; the first claim of a call re-tags it.
@@ -176,5 +177,49 @@ __device__ void reduce_rect(const Sources& src, int world, std::byte* out_b, int
     }
   }
 }
+
+// The next item of a walk, claimed by lane 0 from the shared counter (warp-uniform result).
+TL_DEVICE inline int claim(uint64_t* counter, uint64_t epoch, Warp lanes) {
+  long long j = lanes.index() == 0 ? claim_band(counter, epoch) : 0;
+  return static_cast<int>(__shfl_sync(0xffffffffu, j, 0));
+}
+
+// The executor of the reduce programs (comm/reduce_scatter.hpp) on one warp.
+template <Scope S>
+struct WarpExec {
+  const SymmetricView& heap;
+  const DeviceContext& ctx;
+  Warp lanes;
+
+  TL_DEVICE std::byte* local(ByteField f) const { return heap.local(f); }
+  TL_DEVICE std::byte* peer(int rank, ByteField f) const { return heap.peer(rank, f); }
+
+  // One wait a lane, so the waits' round trips (a peer's signal is an NVLink round trip) overlap
+  // instead of adding up; then the warp syncs: every lane's loads after it come after every lane's
+  // acquire.
+  template <class Fn>
+  TL_DEVICE void wait_each(int count, Fn&& wait_at, Field<Signal> f, uint64_t target, SignalField name) const {
+    for (int w = lanes.index(); w < count; w += 32) {
+      int holder = 0, slot = 0, tile = 0;
+      wait_at(w, &holder, &slot, &tile);
+      peer_tile_wait<S>(ctx, heap, holder, f, slot, target, WaitSite{name, tile});
+    }
+    lanes.sync();
+  }
+
+  template <class Src>
+  TL_DEVICE void sum(int count, Src&& src, int64_t src_ld, void* out, int64_t out_ld, int64_t rows, int64_t cols,
+                     DType dtype) const {
+    Sources srcs;
+    srcs.ld = src_ld;
+    for (int s = 0; s < count; ++s) srcs.base[s] = src(s);
+    std::byte* o = static_cast<std::byte*>(out);
+    switch (dtype) {
+      case DType::kF32: reduce_rect<DType::kF32>(srcs, count, o, out_ld, rows, cols, lanes); break;
+      case DType::kBF16: reduce_rect<DType::kBF16>(srcs, count, o, out_ld, rows, cols, lanes); break;
+      case DType::kF16: reduce_rect<DType::kF16>(srcs, count, o, out_ld, rows, cols, lanes); break;
+    }
+  }
+};
 
 }  // namespace tilelink::cuda::detail

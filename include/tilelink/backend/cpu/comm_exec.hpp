@@ -1,49 +1,98 @@
-// The CPU executor of the comm programs written over an executor (comm/allreduce.hpp): a rank
-// thread's primitives (backend/cpu/prim.hpp) under the names the programs call.
+// The CPU executors of the comm programs written over an executor (comm/allgather.hpp,
+// comm/allreduce.hpp, comm/alltoall.hpp): a rank thread's primitives (backend/cpu/prim.hpp) under
+// the names the programs call.
 //
-//   cpu::AllReduceExec x{ctx, heap, plan};
-//   for (int j = worker; j < plan.reduce_count(); j += workers) allreduce_reduce_item(x, plan, j, epoch, c);
+//   cpu::CommExec x{ctx, heap};
+//   for (int i = worker; i < plan.count(); i += workers) allgather_item(x, plan, i, epoch, a);
+//   cpu::AllReduceExec y{ctx, heap, plan};
+//   for (int j = worker; j < plan.reduce_count(); j += workers) allreduce_reduce_item(y, plan, j, epoch, c);
 #pragma once
 
 #include <cstddef>
 #include <vector>
 
 #include "tilelink/backend/cpu/prim.hpp"
+#include "tilelink/comm/allgather.hpp"
+#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/comm/allreduce.hpp"
 #include "tilelink/comm/alltoall.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cpu {
 
+// out[i, j] = sum over s < count, in order, of src(s)[i, j] (fp32, rounded once): each source's
+// rect pulled (a data move from rank s), then summed. The one reduction of every CPU program.
+template <class Src>
+void sum_sources(const RankContext& ctx, int count, Src&& src, int64_t src_ld, void* out, int64_t out_ld,
+                 int64_t rows, int64_t cols, DType dtype) {
+  const int64_t eb = dtype_size(dtype), elems = rows * cols;
+  std::vector<std::byte> pulled(static_cast<size_t>(elems * eb * count));
+  for (int s = 0; s < count; ++s)
+    tile_pull_data(ctx, s, Copy2D{src(s), src_ld * eb, pulled.data() + s * elems * eb, cols * eb, rows, cols * eb});
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      float acc = 0.f;
+      for (int s = 0; s < count; ++s) acc += load_as_float(pulled.data(), dtype, s * elems + i * cols + j);
+      store_from_float(out, dtype, i * out_ld + j, acc);
+    }
+}
+
+// The executor of the comm programs (AllGather, ReduceScatter): every wait, move, sum and notify of
+// a rank thread.
+struct CommExec {
+  const RankContext& ctx;
+  const SymmetricView& heap;
+
+  std::byte* local(ByteField f) const { return heap.local(f); }
+  std::byte* peer(int rank, ByteField f) const { return heap.peer(rank, f); }
+  void barrier(Field<Signal> f, uint64_t epoch) const { rank_barrier(ctx, heap, f, epoch); }
+  void wait(int owner, Field<Signal> f, int slot, uint64_t target, WaitSite site) const {
+    peer_tile_wait(ctx, heap, owner, f, slot, target, site);
+  }
+  void pull(int owner, const Copy2D& c) const { tile_pull_data(ctx, owner, c); }
+  void push(int peer, const Copy2D& c) const { tile_push_data(ctx, peer, c); }
+  void notify_local(Field<Signal> f, int slot, uint64_t value) const {
+    producer_tile_notify(ctx, heap, f, slot, value);
+  }
+  void notify_peer(int peer, Field<Signal> f, int slot, uint64_t value) const {
+    peer_tile_notify(ctx, heap, peer, f, slot, value);
+  }
+  template <class Fn>
+  void wait_each(int count, Fn&& wait_at, Field<Signal> f, uint64_t target, SignalField name) const {
+    for (int w = 0; w < count; ++w) {
+      int holder = 0, slot = 0, tile = 0;
+      wait_at(w, &holder, &slot, &tile);
+      peer_tile_wait(ctx, heap, holder, f, slot, target, WaitSite{name, tile});
+    }
+  }
+  template <class Src>
+  void sum(int count, Src&& src, int64_t src_ld, void* out, int64_t out_ld, int64_t rows, int64_t cols,
+           DType dtype) const {
+    sum_sources(ctx, count, src, src_ld, out, out_ld, rows, cols, dtype);
+  }
+};
+
 struct AllReduceExec {
   const RankContext& ctx;
   const SymmetricView& heap;
   const AllReducePlan& p;
-  std::vector<std::byte> pulled{};  // the sources' rects of the item being summed
 
   template <class Fn>
   void wait_each(int count, Fn&& wait_at, uint64_t target) {
     for (int w = 0; w < count; ++w) {
       int source = 0, slot = 0;
       wait_at(w, &source, &slot);
-      peer_tile_wait(ctx, heap, source, p.f.tile_done, slot, target, WaitSite{"tile_done", slot});
+      peer_tile_wait(ctx, heap, source, p.f.tile_done, slot, target, WaitSite{SignalField::kTileDone, slot});
     }
   }
 
   // out[rect] = sum over s = 0..W-1 of partial_s[rect], fp32, rounded once (rows of out at rect.row).
   void sum(const AllReducePlan& plan, const Rect& r, void* out, int64_t out_ld) {
-    const int64_t eb = dtype_size(plan.dtype), elems = r.rows * r.cols;
-    pulled.resize(static_cast<size_t>(elems * eb * plan.world_size));
-    for (int s = 0; s < plan.world_size; ++s)
-      tile_pull_data(ctx, s,
-                     Copy2D{heap.peer(s, plan.f.partial) + (r.row * plan.n + r.col) * eb, plan.n * eb,
-                            pulled.data() + s * elems * eb, r.cols * eb, r.rows, r.cols * eb});
-    for (int64_t i = 0; i < r.rows; ++i)
-      for (int64_t j = 0; j < r.cols; ++j) {
-        float acc = 0.f;
-        for (int s = 0; s < plan.world_size; ++s) acc += load_as_float(pulled.data(), plan.dtype, s * elems + i * r.cols + j);
-        store_from_float(out, plan.dtype, (r.row + i) * out_ld + r.col + j, acc);
-      }
+    const int64_t eb = dtype_size(plan.dtype);
+    sum_sources(
+        ctx, plan.world_size,
+        [&](int s) { return heap.peer(s, plan.f.partial) + (r.row * plan.n + r.col) * eb; }, plan.n,
+        static_cast<std::byte*>(out) + (r.row * out_ld + r.col) * eb, out_ld, r.rows, r.cols, plan.dtype);
   }
 
   void* local_reduced() const { return heap.local(p.f.reduced); }
@@ -51,7 +100,7 @@ struct AllReduceExec {
     producer_tile_notify(ctx, heap, f, slot, value);
   }
   void wait_band(int owner, int slot, uint64_t target) {
-    peer_tile_wait(ctx, heap, owner, p.f.band_ready, slot, target, WaitSite{"band_ready", slot});
+    peer_tile_wait(ctx, heap, owner, p.f.band_ready, slot, target, WaitSite{SignalField::kBandReady, slot});
   }
   void copy_rows(int owner, const Rect& r, void* dst, int64_t dst_ld) {
     const int64_t eb = dtype_size(p.dtype);
@@ -73,7 +122,7 @@ struct AllToAllExec {
     peer_tile_notify(ctx, heap, peer, f, slot, value);
   }
   void wait_local(Field<Signal> f, int slot, uint64_t target) {
-    consumer_tile_wait(ctx, heap, f, slot, target, WaitSite{f.offset == p.f.counts_ready.offset ? "counts_ready" : "rows_ready", slot});
+    consumer_tile_wait(ctx, heap, f, slot, target, WaitSite{f.offset == p.f.counts_ready.offset ? SignalField::kCountsReady : SignalField::kRowsReady, slot});
   }
   int64_t local_count(int slot) const { return heap.local(p.f.counts)[slot]; }
   void push_rows(int peer, int64_t offset, const void* src, int64_t bytes) {

@@ -33,7 +33,7 @@ class AgGemm {
   void run_unfused(RankContext& ctx, const void* a, const void* b, void* c);
 
   // The gathered A of a rank after a call (for tests of the communication half).
-  const void* gathered(int rank) const { return plans_[rank].ws.gathered.in(ws_.base(rank)); }
+  const void* gathered(int rank) const { return plans_[rank].ag.f.gathered.in(ws_.base(rank)); }
 
  private:
   std::vector<AgGemmPlan> plans_;

@@ -48,6 +48,7 @@ namespace tilelink::cuda {
 struct DeviceFault {
   unsigned int claimed;  // 0 until a wait fails
   int rank, owner, tile, slot, kind;  // kind: 0 signal wait, 1 bulk-copy barrier
+  int field;                          // kind 0: the SignalField waited on
   unsigned long long expected, observed, waited_ns;
 };
 

@@ -5,7 +5,7 @@
 // copy engine. Same names and argument order as tilelink::cpu; the context is a StreamContext.
 //
 //   StreamContext sc{&world, r, world.stream(r), "ag_gemm"};
-//   peer_tile_wait(sc, heap, owner, ws.tile_ready, t, epoch, {"tile_ready", t});
+//   peer_tile_wait(sc, heap, owner, ws.tile_ready, t, epoch, WaitSite{SignalField::kTileReady, t});
 //   rank_copy_data(sc, owner, copy);
 //   producer_tile_notify(sc, heap, ws.tile_ready, t, epoch);
 //
@@ -53,5 +53,25 @@ void rank_barrier(const StreamContext& ctx, const SymmetricView& heap, Field<Sig
 
 // A rank-level block moved by the copy engine (cudaMemcpy2DAsync on ctx.stream).
 void rank_copy_data(const StreamContext& ctx, int peer, const Copy2D& copy);
+
+// The executor of the comm programs written over an executor (comm/allgather.hpp) on the copy
+// engine: every operation enqueued in program order on the rank's stream.
+struct StreamExec {
+  StreamContext sc;
+  SymmetricView heap;
+
+  std::byte* local(ByteField f) const { return heap.local(f); }
+  std::byte* peer(int rank, ByteField f) const { return heap.peer(rank, f); }
+  void barrier(Field<Signal> f, uint64_t epoch) const { rank_barrier(sc, heap, f, epoch); }
+  void wait(int owner, Field<Signal> f, int slot, uint64_t target, WaitSite site) const {
+    peer_tile_wait(sc, heap, owner, f, slot, target, site);
+  }
+  void pull(int owner, const Copy2D& c) const { rank_copy_data(sc, owner, c); }
+  void push(int peer, const Copy2D& c) const { rank_copy_data(sc, peer, c); }
+  void notify_local(Field<Signal> f, int slot, uint64_t value) const { producer_tile_notify(sc, heap, f, slot, value); }
+  void notify_peer(int peer, Field<Signal> f, int slot, uint64_t value) const {
+    peer_tile_notify(sc, heap, peer, f, slot, value);
+  }
+};
 
 }  // namespace tilelink::cuda

@@ -42,7 +42,7 @@ TL_DEVICE inline void BulkPipe::wait_loaded(uint64_t chunk) {
   while (!::cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
     uint64_t waited = detail::now_ns() - t0;
     if (waited > ctx_.timeout_ns)
-      detail::fail_wait(ctx_, ctx_.rank, -1, static_cast<int>(chunk % stages_), "bulk_stage",
+      detail::fail_wait(ctx_, ctx_.rank, -1, static_cast<int>(chunk % stages_), SignalField::kSignal,
                         chunk / stages_ + 1, 0, waited, 1);
   }
 }

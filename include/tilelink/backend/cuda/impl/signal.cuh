@@ -39,7 +39,7 @@ TL_DEVICE TL_INLINE uint64_t now_ns() { return ::cuda::ptx::get_sreg_globaltimer
 // Records the first fault of the world, prints it once, and traps.
 // NOTE: noinline keeps the printf and its stack out of the spin loops.
 static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owner, int tile, int slot,
-                                       const char* field, uint64_t expected, uint64_t observed,
+                                       SignalField field, uint64_t expected, uint64_t observed,
                                        uint64_t waited_ns, int kind) {
   if (ctx.fault && atomicCAS_system(&ctx.fault->claimed, 0u, 1u) == 0u) {
     ctx.fault->rank = ctx.rank;
@@ -47,14 +47,15 @@ static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owne
     ctx.fault->tile = tile;
     ctx.fault->slot = slot;
     ctx.fault->kind = kind;
+    ctx.fault->field = static_cast<int>(field);
     ctx.fault->expected = expected;
     ctx.fault->observed = observed;
     ctx.fault->waited_ns = waited_ns;
     __threadfence_system();
-    printf("tilelink: rank %d timed out after %.3f s waiting on %s[%d] of rank %d (tile %d): "
-           "expected >= %llu, observed %llu (block %d, thread %d)\n",
-           ctx.rank, waited_ns * 1e-9, field, slot, owner, tile, (unsigned long long)expected,
-           (unsigned long long)observed, (int)blockIdx.x, (int)threadIdx.x);
+    printf("tilelink: rank %d timed out waiting on %s[%d] of rank %d: expected >= %llu, observed %llu "
+           "(tile %d, after %.3f s, block %d, thread %d)\n",
+           ctx.rank, signal_field_name(field), slot, owner, (unsigned long long)expected,
+           (unsigned long long)observed, tile, waited_ns * 1e-9, (int)blockIdx.x, (int)threadIdx.x);
   }
   __trap();
 }
@@ -118,7 +119,7 @@ template <Scope S>
 TL_DEVICE TL_INLINE void rank_wait(const DeviceContext& ctx, const SymmetricView& heap, int peer,
                                    Field<Signal> f, uint64_t target) {
   detail::bounded_wait<S>(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
-                          WaitSite{"rank_signals", -1});
+                          WaitSite{SignalField::kRankSignals, -1});
 }
 
 template <Scope S>
