@@ -127,7 +127,7 @@ __global__ void bw_bulk(DeviceContext ctx, Copy2D all, bool push, BulkShape shap
 // (bytes read), or stores from shared memory that nothing loaded (bytes written, up to `stages` bulk
 // groups in flight). Do the bulk engine's own reads or writes go faster than the vector rows'?
 __device__ void bulk_spin_fail(const DeviceContext& ctx, uint64_t chunk, uint64_t t0) {
-  ::tilelink::cuda::detail::fail_wait(ctx, ctx.rank, -1, static_cast<int>(chunk), "bulk_read_only", 0, 0,
+  ::tilelink::cuda::detail::fail_wait(ctx, ctx.rank, -1, static_cast<int>(chunk), SignalField::kProbe, 0, 0,
                                       ::tilelink::cuda::detail::now_ns() - t0, 1);
 }
 

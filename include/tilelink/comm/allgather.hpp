@@ -94,6 +94,7 @@ struct AllGatherPlan {
 // Each program handles one item; the executor's loop hands them out (strided over CPU workers or
 // thread blocks, in order on the copy engine). `a` is this rank's rows [M_r, row_bytes].
 
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allgather_pull_item(Exec& x, const AllGatherPlan& p, int i, uint64_t epoch, const void* a) {
   const int t = p.pull_tile_at(i);
@@ -109,6 +110,7 @@ TL_HD void allgather_pull_item(Exec& x, const AllGatherPlan& p, int i, uint64_t 
   x.notify_local(p.f.tile_ready, t, epoch);
 }
 
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allgather_push_item(Exec& x, const AllGatherPlan& p, int i, uint64_t epoch, const void* a) {
   int peer = 0, t = 0;
@@ -117,6 +119,7 @@ TL_HD void allgather_push_item(Exec& x, const AllGatherPlan& p, int i, uint64_t 
   x.notify_peer(peer, p.f.tile_ready, t, epoch);
 }
 
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allgather_item(Exec& x, const AllGatherPlan& p, int i, uint64_t epoch, const void* a) {
   if (p.mode == CommMode::kPull) allgather_pull_item(x, p, i, epoch, a);
@@ -124,6 +127,7 @@ TL_HD void allgather_item(Exec& x, const AllGatherPlan& p, int i, uint64_t epoch
 }
 
 // This rank's own tiles announced to itself (after a move of its own rows).
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allgather_announce_own(Exec& x, const AllGatherPlan& p, uint64_t epoch) {
   for (int t = p.tiles.first[p.rank]; t < p.tiles.first[p.rank + 1]; ++t) {
@@ -142,6 +146,7 @@ enum class AllGatherPart : uint8_t {
              // nor announced (a consumer that reads them in place, from `a`, waits for none)
 };
 
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allgather_rank_program(Exec& x, const AllGatherPlan& p, Field<Signal> barrier, uint64_t epoch,
                                   const void* a, AllGatherPart part) {

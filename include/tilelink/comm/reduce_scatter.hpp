@@ -110,6 +110,7 @@ struct ReduceScatterPlan {
 
   // Source s's copy of the band (its first element; rows n elements apart), through the
   // executor's view of the heap.
+  TL_HD_TEMPLATE
   template <class Exec>
   TL_HD const std::byte* source(const Exec& x, int s, const Rect& b) const {
     if (mode == CommMode::kPull) return x.peer(s, f.partial) + (b.row * n + b.col) * elem_bytes();
@@ -127,6 +128,7 @@ struct ReduceScatterPlan {
 //                                                 src(s)[i, j] (fp32, rounded once)
 //   x.push(rank, copy), x.notify_local(...), x.notify_peer(...)   as in comm/allgather.hpp
 // `c` is this rank's C_r [M_r, N] (row 0 = global row rows.begin(rank)).
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void reduce_scatter_item(Exec& x, const ReduceScatterPlan& p, int j, uint64_t epoch, void* c) {
   const Rect b = p.band(j);
@@ -141,6 +143,7 @@ TL_HD void reduce_scatter_item(Exec& x, const ReduceScatterPlan& p, int j, uint6
 // tile of `partial` already: a producer that writes in place) and announced on tile_done[t]; push:
 // its rows of each owner's segment written into the owner's staging slot of this rank, each owner
 // then notified on staged[rank * tiles + t].
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void reduce_scatter_publish(Exec& x, const ReduceScatterPlan& p, int t, const std::byte* src, int64_t src_ld,
                                   uint64_t epoch) {

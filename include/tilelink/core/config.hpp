@@ -7,10 +7,14 @@
 #define TL_HD __host__ __device__
 #define TL_DEVICE __device__
 #define TL_INLINE __forceinline__
+// Before a TL_HD template whose executor may be host-only (a comm program over a stream executor):
+// an instantiation is host or device code as its executor is, with no warning.
+#define TL_HD_TEMPLATE _Pragma("nv_exec_check_disable")
 #else
 #define TL_HD
 #define TL_DEVICE
 #define TL_INLINE inline
+#define TL_HD_TEMPLATE
 #endif
 
 namespace tilelink {

@@ -122,7 +122,7 @@ void rank_notify(const StreamContext& ctx, const SymmetricView& heap, int peer, 
 void rank_wait(const StreamContext& ctx, const SymmetricView& heap, int peer, Field<Signal> f,
                uint64_t target) {
   check(ctx, heap, ctx.rank, f, peer);
-  if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, peer, -1, target);
+  if (ctx.epoch_counter) return graph_wait(ctx, heap, ctx.rank, f, peer, WaitSite{SignalField::kRankSignals, -1}, target);
   wait_value(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
              WaitSite{SignalField::kRankSignals, -1});
 }
