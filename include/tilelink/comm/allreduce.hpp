@@ -1,6 +1,6 @@
 // AllReducePlan: a row AllReduce of W producers' [M, N] partials, as a comm plan of its own, and its
 // two programs (reduce, gather) written once over an executor: a CPU rank thread
-// (backend/cpu/comm_exec.hpp) or a GPU warp (src/ops/cuda/ar_comm.cu) runs the same code.
+// (backend/cpu/comm_exec.hpp) or a GPU warp (src/ops/cuda/reduce_rect.cuh) runs the same code.
 //
 // Every rank r holds a partial P_r [M, N] in its symmetric `partial` field; the tiles of P_r are
 // announced, each on its own slot of r's `tile_done` field, by whoever produces them (a GEMM's
@@ -34,6 +34,8 @@
 #include "tilelink/core/segment_tiling.hpp"
 #include "tilelink/core/tile.hpp"
 #include "tilelink/core/workspace.hpp"
+#include "tilelink/prim/data.hpp"
+#include "tilelink/prim/signal.hpp"
 
 namespace tilelink {
 
@@ -115,39 +117,40 @@ struct AllReducePlan {
 };
 
 // ---- the programs, over an executor --------------------------------------------------------------
-// An executor `x` gives the primitives of its context (CPU rank thread, GPU warp):
-//   x.wait_each(count, fn, target)                   for w < count: fn(w, &peer, &slot), then wait
-//                                                    peer's tile_done[slot] >= target (acquire);
-//                                                    ordered before what follows (on the GPU each
-//                                                    lane takes its own waits)
-//   x.local_reduced()                                this rank's `reduced` field (two-shot)
-//   x.sum(plan, rect, out_base, out_ld)              out = sum_s partial_s[rect] (rank order, fp32)
-//   x.notify_local(field, slot, value)               own field[slot] = value (release), after the
-//                                                    executor's stores of the item
-//   x.wait_band(owner, slot, target)                 owner's band_ready[slot] >= target
-//   x.copy_rows(owner, rect, dst, dst_ld)            owner's `reduced`[rect] -> dst
-// Each program handles one item; the executor's loop hands out the items (strided on the CPU,
-// claimed from a shared counter on the GPU).
+// The executor is the one of the other comm programs (comm/allgather.hpp, comm/reduce_scatter.hpp):
+// local/peer, wait, wait_each, sum, pull, notify_local; a CPU rank thread (cpu::CommExec) or a GPU
+// warp (src/ops/cuda/reduce_rect.cuh, WarpExec). Each program handles one item; the executor's loop
+// hands out the items (strided on the CPU, claimed from a shared counter on the GPU).
 
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allreduce_reduce_item(Exec& x, const AllReducePlan& p, int j, uint64_t epoch, void* c) {
-  x.wait_each(p.reduce_waits(j), [&](int w, int* source, int* slot) { p.reduce_wait(j, w, source, slot); },
-              epoch);
+  x.wait_each(
+      p.reduce_waits(j),
+      [&](int w, int* source, int* slot, int* tile) {
+        p.reduce_wait(j, w, source, slot);
+        *tile = *slot;
+      },
+      p.f.tile_done, epoch, SignalField::kTileDone);
   const Rect r = p.reduce_rect(j);
-  if (p.algo == AllReduceAlgo::kOneShot) {
-    x.sum(p, r, c, p.n);  // straight into C: every rank reduces every row
-    return;
-  }
-  x.sum(p, r, x.local_reduced(), p.n);
-  x.notify_local(p.f.band_ready, j, epoch);
+  const int64_t eb = dtype_size(p.dtype), at = (r.row * p.n + r.col) * eb;
+  // One-shot: straight into C (every rank reduces every row); two-shot: into the rank's `reduced`.
+  std::byte* out = p.algo == AllReduceAlgo::kOneShot ? static_cast<std::byte*>(c) : x.local(p.f.reduced);
+  x.sum(p.world_size, [&](int s) { return x.peer(s, p.f.partial) + at; }, p.n, out + at, p.n, r.rows, r.cols,
+        p.dtype);
+  if (p.algo == AllReduceAlgo::kTwoShot) x.notify_local(p.f.band_ready, j, epoch);
 }
 
+TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void allreduce_gather_item(Exec& x, const AllReducePlan& p, int i, uint64_t epoch, void* c) {
   int owner = 0, band = 0;
   if (!p.gather_item(i, &owner, &band)) return;
-  x.wait_band(owner, band, epoch);
-  x.copy_rows(owner, p.item_rect(owner, band), c, p.n);
+  x.wait(owner, p.f.band_ready, band, epoch, WaitSite{SignalField::kBandReady, band});
+  const Rect r = p.item_rect(owner, band);
+  const int64_t eb = dtype_size(p.dtype), at = (r.row * p.n + r.col) * eb;
+  x.pull(owner, Copy2D{x.peer(owner, p.f.reduced) + at, p.n * eb, static_cast<std::byte*>(c) + at, p.n * eb, r.rows,
+                       r.cols * eb});
 }
 
 }  // namespace tilelink

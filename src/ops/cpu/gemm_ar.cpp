@@ -35,7 +35,7 @@ void compute_worker(RankContext& ctx, const GemmArPlan& p, const SymmetricView& 
 // comm program: this worker's reduce items, then (two-shot) its gather items.
 void allreduce_worker(RankContext& ctx, const GemmArPlan& p, const SymmetricView& heap, void* c,
                       uint64_t epoch, int worker, int workers) {
-  AllReduceExec x{ctx, heap, p.ar};
+  const CommExec x{ctx, heap};
   for (int j = worker; j < p.ar.reduce_count(); j += workers) allreduce_reduce_item(x, p.ar, j, epoch, c);
   for (int i = worker; i < p.ar.gather_count(); i += workers) allreduce_gather_item(x, p.ar, i, epoch, c);
 }
@@ -87,8 +87,8 @@ void GemmAr::run_unfused(RankContext& ctx, const void* a, const void* b, void* c
   gemm_rect(p, a, b, Rect{0, 0, p.m(), p.n}, heap.local(p.ar.f.partial));
   rank_barrier(ctx, heap, p.barrier, epoch);
   // The AllReduce as one piece: every row, every source, rank order.
-  AllReduceExec x{ctx, heap, p.ar};
-  x.sum(p.ar, Rect{0, 0, p.m(), p.n}, c, p.n);
+  sum_sources(
+      ctx, p.world_size, [&](int s) { return heap.peer(s, p.ar.f.partial); }, p.n, c, p.n, p.m(), p.n, p.dtype);
 }
 
 }  // namespace tilelink::cpu

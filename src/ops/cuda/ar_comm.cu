@@ -1,7 +1,7 @@
 // The AllReduce comm plan (comm/allreduce.hpp) on the CUDA backend: its reduce and gather programs,
-// the very code the CPU backend runs, executed by warps. Each warp claims items from the plan's
-// shared counters (claims[0]: reduce, claims[1]: gather), so several launches with one epoch share
-// one call's work: GEMM+AR adds the GEMM's SMs once its GEMM is done.
+// the very code the CPU backend runs, executed by warps (reduce_rect.cuh's WarpExec). Each warp
+// claims items from the plan's shared counters (claims[0]: reduce, claims[1]: gather), so several
+// launches with one epoch share one call's work: GEMM+AR adds the GEMM's SMs once its GEMM is done.
 #include "launch.hpp"
 #include "reduce_rect.cuh"
 #include "tilelink/backend/cuda/prim.cuh"
@@ -12,70 +12,13 @@ namespace tilelink::cuda {
 
 namespace {
 
-// The executor of the AllReduce programs on one warp (the contract: comm/allreduce.hpp).
-template <Scope S>
-struct WarpAllReduceExec {
-  const AllReducePlan& p;
-  const SymmetricView& heap;
-  const DeviceContext& ctx;
-  Warp lanes;
-
-  // One wait a lane, so the waits' round trips overlap; then the warp syncs, ordering every lane's
-  // loads after every lane's acquire.
-  template <class Fn>
-  TL_DEVICE void wait_each(int count, Fn&& wait_at, uint64_t target) {
-    for (int w = lanes.index(); w < count; w += 32) {
-      int source = 0, slot = 0;
-      wait_at(w, &source, &slot);
-      peer_tile_wait<S>(ctx, heap, source, p.f.tile_done, slot, target, WaitSite{SignalField::kTileDone, slot});
-    }
-    lanes.sync();
-  }
-
-  TL_DEVICE void sum(const AllReducePlan& plan, const Rect& r, void* out, int64_t out_ld) {
-    const int64_t eb = dtype_size(plan.dtype);
-    detail::Sources srcs;
-    srcs.ld = plan.n;
-    for (int s = 0; s < plan.world_size; ++s)
-      srcs.base[s] = heap.peer(s, plan.f.partial) + (r.row * plan.n + r.col) * eb;
-    std::byte* o = static_cast<std::byte*>(out) + (r.row * out_ld + r.col) * eb;
-    switch (plan.dtype) {
-      case DType::kF32: detail::reduce_rect<DType::kF32>(srcs, plan.world_size, o, out_ld, r.rows, r.cols, lanes); break;
-      case DType::kBF16: detail::reduce_rect<DType::kBF16>(srcs, plan.world_size, o, out_ld, r.rows, r.cols, lanes); break;
-      case DType::kF16: detail::reduce_rect<DType::kF16>(srcs, plan.world_size, o, out_ld, r.rows, r.cols, lanes); break;
-    }
-  }
-
-  TL_DEVICE void* local_reduced() const { return heap.local(p.f.reduced); }
-
-  // After the warp's stores: __syncwarp orders them before lane 0's release (cumulative).
-  TL_DEVICE void notify_local(Field<Signal> f, int slot, uint64_t value) {
-    lanes.sync();
-    if (lanes.leader()) producer_tile_notify<S>(ctx, heap, f, slot, value);
-  }
-
-  // Every lane acquires the owner's band signal itself: its own loads follow its own acquire.
-  TL_DEVICE void wait_band(int owner, int slot, uint64_t target) {
-    peer_tile_wait<S>(ctx, heap, owner, p.f.band_ready, slot, target, WaitSite{SignalField::kBandReady, slot});
-  }
-
-  TL_DEVICE void copy_rows(int owner, const Rect& r, void* dst, int64_t dst_ld) {
-    const int64_t eb = dtype_size(p.dtype);
-    tile_pull_data(ctx, owner,
-                   Copy2D{heap.peer(owner, p.f.reduced) + (r.row * p.n + r.col) * eb, p.n * eb,
-                          static_cast<std::byte*>(dst) + (r.row * dst_ld + r.col) * eb, dst_ld * eb, r.rows,
-                          r.cols * eb},
-                   lanes);
-  }
-};
-
 template <Scope S>
 __global__ void __launch_bounds__(512)
     allreduce_kernel(__grid_constant__ const AllReducePlan p, __grid_constant__ const SymmetricView heap,
                      __grid_constant__ const DeviceContext ctx, void* c, Epoch call) {
   const uint64_t epoch = call.value();
   const Warp lanes{static_cast<int>(threadIdx.x % 32)};
-  WarpAllReduceExec<S> x{p, heap, ctx, lanes};
+  const detail::WarpExec<S> x{heap, ctx, lanes};
   uint64_t* claims = heap.local(p.f.claims);
   // Reduce items first, then gather items: a warp that gathers waits only on peers' reduces, which
   // wait only on producers, so no warp can hold up the work it waits for.

@@ -184,7 +184,7 @@ TL_DEVICE inline int claim(uint64_t* counter, uint64_t epoch, Warp lanes) {
   return static_cast<int>(__shfl_sync(0xffffffffu, j, 0));
 }
 
-// The executor of the reduce programs (comm/reduce_scatter.hpp) on one warp.
+// The executor of the reduce programs (comm/reduce_scatter.hpp, comm/allreduce.hpp) on one warp.
 template <Scope S>
 struct WarpExec {
   const SymmetricView& heap;
@@ -193,6 +193,17 @@ struct WarpExec {
 
   TL_DEVICE std::byte* local(ByteField f) const { return heap.local(f); }
   TL_DEVICE std::byte* peer(int rank, ByteField f) const { return heap.peer(rank, f); }
+
+  // Every lane acquires the signal itself: its own loads follow its own acquire.
+  TL_DEVICE void wait(int owner, Field<Signal> f, int slot, uint64_t target, WaitSite site) const {
+    peer_tile_wait<S>(ctx, heap, owner, f, slot, target, site);
+  }
+  TL_DEVICE void pull(int owner, const Copy2D& c) const { tile_pull_data(ctx, owner, c, lanes); }
+  // After the warp's stores: __syncwarp orders them before lane 0's release (cumulative).
+  TL_DEVICE void notify_local(Field<Signal> f, int slot, uint64_t value) const {
+    lanes.sync();
+    if (lanes.leader()) producer_tile_notify<S>(ctx, heap, f, slot, value);
+  }
 
   // One wait a lane, so the waits' round trips (a peer's signal is an NVLink round trip) overlap
   // instead of adding up; then the warp syncs: every lane's loads after it come after every lane's

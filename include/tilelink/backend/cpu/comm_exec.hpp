@@ -1,11 +1,10 @@
 // The CPU executors of the comm programs written over an executor (comm/allgather.hpp,
-// comm/allreduce.hpp, comm/alltoall.hpp): a rank thread's primitives (backend/cpu/prim.hpp) under
-// the names the programs call.
+// comm/reduce_scatter.hpp, comm/allreduce.hpp, comm/alltoall.hpp): a rank thread's primitives
+// (backend/cpu/prim.hpp) under the names the programs call.
 //
-//   cpu::CommExec x{ctx, heap};
+//   const cpu::CommExec x{ctx, heap};
 //   for (int i = worker; i < plan.count(); i += workers) allgather_item(x, plan, i, epoch, a);
-//   cpu::AllReduceExec y{ctx, heap, plan};
-//   for (int j = worker; j < plan.reduce_count(); j += workers) allreduce_reduce_item(y, plan, j, epoch, c);
+//   for (int j = worker; j < ar.reduce_count(); j += workers) allreduce_reduce_item(x, ar, j, epoch, c);
 #pragma once
 
 #include <cstddef>
@@ -13,8 +12,8 @@
 
 #include "tilelink/backend/cpu/prim.hpp"
 #include "tilelink/comm/allgather.hpp"
-#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/comm/allreduce.hpp"
+#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/comm/alltoall.hpp"
 #include "tilelink/core/error.hpp"
 
@@ -37,8 +36,8 @@ void sum_sources(const RankContext& ctx, int count, Src&& src, int64_t src_ld, v
     }
 }
 
-// The executor of the comm programs (AllGather, ReduceScatter): every wait, move, sum and notify of
-// a rank thread.
+// The executor of the comm programs (AllGather, ReduceScatter, AllReduce): every wait, move, sum and
+// notify of a rank thread.
 struct CommExec {
   const RankContext& ctx;
   const SymmetricView& heap;
@@ -69,45 +68,6 @@ struct CommExec {
   void sum(int count, Src&& src, int64_t src_ld, void* out, int64_t out_ld, int64_t rows, int64_t cols,
            DType dtype) const {
     sum_sources(ctx, count, src, src_ld, out, out_ld, rows, cols, dtype);
-  }
-};
-
-struct AllReduceExec {
-  const RankContext& ctx;
-  const SymmetricView& heap;
-  const AllReducePlan& p;
-
-  template <class Fn>
-  void wait_each(int count, Fn&& wait_at, uint64_t target) {
-    for (int w = 0; w < count; ++w) {
-      int source = 0, slot = 0;
-      wait_at(w, &source, &slot);
-      peer_tile_wait(ctx, heap, source, p.f.tile_done, slot, target, WaitSite{SignalField::kTileDone, slot});
-    }
-  }
-
-  // out[rect] = sum over s = 0..W-1 of partial_s[rect], fp32, rounded once (rows of out at rect.row).
-  void sum(const AllReducePlan& plan, const Rect& r, void* out, int64_t out_ld) {
-    const int64_t eb = dtype_size(plan.dtype);
-    sum_sources(
-        ctx, plan.world_size,
-        [&](int s) { return heap.peer(s, plan.f.partial) + (r.row * plan.n + r.col) * eb; }, plan.n,
-        static_cast<std::byte*>(out) + (r.row * out_ld + r.col) * eb, out_ld, r.rows, r.cols, plan.dtype);
-  }
-
-  void* local_reduced() const { return heap.local(p.f.reduced); }
-  void notify_local(Field<Signal> f, int slot, uint64_t value) {
-    producer_tile_notify(ctx, heap, f, slot, value);
-  }
-  void wait_band(int owner, int slot, uint64_t target) {
-    peer_tile_wait(ctx, heap, owner, p.f.band_ready, slot, target, WaitSite{SignalField::kBandReady, slot});
-  }
-  void copy_rows(int owner, const Rect& r, void* dst, int64_t dst_ld) {
-    const int64_t eb = dtype_size(p.dtype);
-    tile_pull_data(ctx, owner,
-                   Copy2D{heap.peer(owner, p.f.reduced) + (r.row * p.n + r.col) * eb, p.n * eb,
-                          static_cast<std::byte*>(dst) + (r.row * dst_ld + r.col) * eb, dst_ld * eb, r.rows,
-                          r.cols * eb});
   }
 };
 
