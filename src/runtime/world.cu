@@ -158,6 +158,16 @@ World::World(const WorldOptions& options) : options_(options) {
                               cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(fault_, 0, sizeof(DeviceFault));
   load_registered_kernels();
+  // The stop words (fault propagation), and each local rank's table of every rank's word.
+  stops_ = allocate(sizeof(unsigned int));
+  stop_tables_.assign(size_, nullptr);
+  std::vector<unsigned int*> words(size_);
+  for (int r = 0; r < size_; ++r) words[r] = static_cast<unsigned int*>(stops_.base(r));
+  for (int r : local_ranks_) {
+    TL_CUDA_CHECK(cudaSetDevice(ranks_[r]->device));
+    TL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&stop_tables_[r]), size_ * sizeof(unsigned int*)));
+    TL_CUDA_CHECK(cudaMemcpy(stop_tables_[r], words.data(), size_ * sizeof(unsigned int*), cudaMemcpyHostToDevice));
+  }
 }
 
 void World::init_virtual() {
@@ -294,6 +304,12 @@ void World::load_kernel(const void* fn) const {
 
 World::~World() {
   // NOTE: no checks here: after a device fault every call fails, and destructors must not throw.
+  for (int r : local_ranks_)
+    if (stop_tables_.size() > static_cast<size_t>(r) && stop_tables_[r]) {
+      cudaSetDevice(ranks_[r]->device);
+      cudaFree(stop_tables_[r]);
+    }
+  stops_.release();
   for (auto& rk : ranks_) {
     if (!rk) continue;
     if (rk->green) {
@@ -353,6 +369,10 @@ DeviceContext World::device_context(int rank) const {
   c.world_size = size_;
   c.timeout_ns = static_cast<uint64_t>(options_.timeout.count()) * 1000000ull;
   c.fault = fault_;  // NOTE: portable mapped host memory: the same pointer on the device (UVA)
+  if (!stop_tables_.empty()) {  // (none while the constructor allocates them)
+    c.stop = static_cast<unsigned int*>(stops_.base(rank));
+    c.stops = stop_tables_[rank];
+  }
   return c;
 }
 
@@ -491,6 +511,11 @@ void World::fail(const char* op, int rank, cudaError_t e) {
     if (f.kind == 1) {
       os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9
          << " s waiting for a bulk copy into shared-memory stage " << f.slot;
+    } else if (f.kind == 2) {
+      os << "rank " << f.stopped_by << " faulted (its own process reports what it waited on); rank " << f.rank
+         << " stopped waiting on " << signal_field_name(static_cast<SignalField>(f.field)) << "[" << f.slot
+         << "] of rank " << f.owner << " after " << f.waited_ns * 1e-9 << " s: expected >= " << f.expected
+         << ", observed " << f.observed;
     } else {
       os << "rank " << f.rank << " timed out waiting on " << signal_field_name(static_cast<SignalField>(f.field))
          << "[" << f.slot << "] of rank " << f.owner << ": expected >= " << f.expected << ", observed "

@@ -145,6 +145,10 @@ class World {
   std::vector<std::unique_ptr<Rank>> ranks_;  // indexed by rank; null where not local
   DeviceFault* fault_ = nullptr;              // host-mapped
   std::vector<StreamWait> stream_waits_;
+  // Fault propagation (prim.cuh, DeviceContext): every rank's stop word, and per local rank a device
+  // table of every rank's word as that rank addresses it. Released before the ranks' state.
+  SymmetricBuffer stops_;
+  std::vector<unsigned int**> stop_tables_;
   friend class SymmetricBuffer;
 };
 

@@ -44,20 +44,31 @@
 
 namespace tilelink::cuda {
 
-// The first failed wait of a world, in host-mapped memory (readable after the context has died).
+// The first failed wait of a world's process, in host-mapped memory (readable after the context
+// has died).
 struct DeviceFault {
   unsigned int claimed;  // 0 until a wait fails
-  int rank, owner, tile, slot, kind;  // kind: 0 signal wait, 1 bulk-copy barrier
-  int field;                          // kind 0: the SignalField waited on
+  int rank, owner, tile, slot, kind;  // kind: 0 signal wait timed out, 1 bulk-copy barrier timed out,
+                                      // 2 signal wait stopped because rank `stopped_by` faulted
+  int field;                          // kinds 0 and 2: the SignalField waited on
+  int stopped_by;                     // kind 2
   unsigned long long expected, observed, waited_ns;
 };
 
 // What device code of one rank receives (by value, as a kernel parameter).
+// Fault propagation: every rank has a stop word in device memory that its peers can write (a
+// symmetric allocation of the world). A rank whose wait times out writes 1 + its rank into every
+// rank's stop word (the first writer wins) before it traps; every bounded wait polls its own rank's
+// word while it spins and stops (records, traps) once it is set, so the peers of a faulted rank
+// stop within a few microseconds of polling instead of at their own deadlines, and each names the
+// rank that faulted.
 struct DeviceContext {
   int rank = 0;
   int world_size = 1;
   uint64_t timeout_ns = 20'000'000'000ull;
   DeviceFault* fault = nullptr;
+  unsigned int* stop = nullptr;          // this rank's stop word: 0, or 1 + the rank that faulted
+  unsigned int* const* stops = nullptr;  // every rank's stop word, as this rank addresses it [world]
 };
 
 // ---- participants -----------------------------------------------------------------------------

@@ -36,11 +36,27 @@ TL_DEVICE TL_INLINE uint64_t load_acquire(uint64_t* p) {
 
 TL_DEVICE TL_INLINE uint64_t now_ns() { return ::cuda::ptx::get_sreg_globaltimer(); }
 
-// Records the first fault of the world, prints it once, and traps.
+// Every rank's stop word gets 1 + this rank (unless another rank's fault got there first).
+TL_DEVICE TL_INLINE void raise_stop(const DeviceContext& ctx) {
+  if (ctx.stops == nullptr) return;
+  for (int r = 0; r < ctx.world_size; ++r) atomicCAS_system(ctx.stops[r], 0u, static_cast<unsigned>(ctx.rank) + 1u);
+  __threadfence_system();
+}
+
+// This rank's stop word: 0, or 1 + the rank that faulted.
+TL_DEVICE TL_INLINE unsigned stop_word(const DeviceContext& ctx) {
+  if (ctx.stop == nullptr) return 0;
+  return ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_system>(*ctx.stop).load(::cuda::memory_order_relaxed);
+}
+
+// Records the first fault of the world's process, stops every rank, prints once, and traps. kind 2:
+// the wait was stopped by rank stop - 1's fault (it records nothing if this process has a fault
+// already: on virtual ranks the faulting rank's).
 // NOTE: noinline keeps the printf and its stack out of the spin loops.
 static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owner, int tile, int slot,
                                        SignalField field, uint64_t expected, uint64_t observed,
-                                       uint64_t waited_ns, int kind) {
+                                       uint64_t waited_ns, int kind, unsigned stop = 0) {
+  if (kind != 2) raise_stop(ctx);
   if (ctx.fault && atomicCAS_system(&ctx.fault->claimed, 0u, 1u) == 0u) {
     ctx.fault->rank = ctx.rank;
     ctx.fault->owner = owner;
@@ -48,14 +64,20 @@ static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owne
     ctx.fault->slot = slot;
     ctx.fault->kind = kind;
     ctx.fault->field = static_cast<int>(field);
+    ctx.fault->stopped_by = static_cast<int>(stop) - 1;
     ctx.fault->expected = expected;
     ctx.fault->observed = observed;
     ctx.fault->waited_ns = waited_ns;
     __threadfence_system();
-    printf("tilelink: rank %d timed out waiting on %s[%d] of rank %d: expected >= %llu, observed %llu "
-           "(tile %d, after %.3f s, block %d, thread %d)\n",
-           ctx.rank, signal_field_name(field), slot, owner, (unsigned long long)expected,
-           (unsigned long long)observed, tile, waited_ns * 1e-9, (int)blockIdx.x, (int)threadIdx.x);
+    if (kind == 2)
+      printf("tilelink: rank %d stopped waiting on %s[%d] of rank %d: rank %d faulted (block %d, thread %d)\n",
+             ctx.rank, signal_field_name(field), slot, owner, static_cast<int>(stop) - 1, (int)blockIdx.x,
+             (int)threadIdx.x);
+    else
+      printf("tilelink: rank %d timed out waiting on %s[%d] of rank %d: expected >= %llu, observed %llu "
+             "(tile %d, after %.3f s, block %d, thread %d)\n",
+             ctx.rank, signal_field_name(field), slot, owner, (unsigned long long)expected,
+             (unsigned long long)observed, tile, waited_ns * 1e-9, (int)blockIdx.x, (int)threadIdx.x);
   }
   __trap();
 }
@@ -71,9 +93,9 @@ TL_DEVICE TL_INLINE void bounded_wait(const DeviceContext& ctx, uint64_t* p, int
       v = load_acquire<S>(p);
       if (v >= target) break;
       if ((spins & 255u) == 0) {
-        uint64_t waited = now_ns() - t0;
-        if (waited > ctx.timeout_ns)
-          fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, 0);
+        const uint64_t waited = now_ns() - t0;
+        if (waited > ctx.timeout_ns) fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, 0);
+        if (const unsigned stop = stop_word(ctx)) fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, 2, stop);
       }
     }
   }

@@ -1,0 +1,52 @@
+// Fault propagation on the device: a rank whose stop word a faulted peer has set stops its wait
+// within moments, not at its own deadline, and World::sync() names the rank that faulted and what
+// this one waited on. The peer's fault is simulated by writing rank 1's stop word from the host
+// (what rank 0's fail_wait does from the device; tests/gpu/ipc_fault.cu runs the real thing across
+// two processes). (Its own executable: the trap kills the process's CUDA context.)
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
+#include "tilelink/core/error.hpp"
+#include "tilelink/runtime/world.hpp"
+
+using namespace tilelink;
+using namespace tilelink::cuda;
+
+namespace {
+__global__ void wait_on_rank0(SymmetricView heap, DeviceContext ctx, Field<Signal> flags) {
+  if (threadIdx.x == 0) peer_tile_wait<Scope::kGpu>(ctx, heap, 0, flags, 3, 42, WaitSite{SignalField::kTileReady, 17});
+}
+TL_REGISTER_KERNELS(wait_on_rank0);
+}  // namespace
+
+TEST(FaultStop, AWaitStopsOnceAPeerHasFaulted) {
+  World w({.transport = Transport::kVirtual, .world_size = 2, .timeout = std::chrono::seconds(30)});
+  LayoutBuilder lb;
+  const Field<Signal> flags = lb.add<Signal>(8);
+  SymmetricBuffer buf = w.allocate(lb.num_bytes());
+  const DeviceContext ctx = w.device_context(1);
+  ASSERT_NE(ctx.stop, nullptr);
+  ASSERT_NE(ctx.stops, nullptr);
+  w.bind(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  wait_on_rank0<<<1, 32, 0, w.stream(1)>>>(buf.view(1), ctx, flags);
+  TL_CUDA_CHECK(cudaGetLastError());
+  const unsigned rank0_faulted = 1;  // 1 + the rank that faulted
+  TL_CUDA_CHECK(cudaMemcpy(ctx.stop, &rank0_faulted, sizeof(rank0_faulted), cudaMemcpyHostToDevice));
+  try {
+    w.sync("probe_op");
+    FAIL() << "no stop";
+  } catch (const TimeoutError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string m = e.what();
+    EXPECT_NE(m.find("op probe_op: rank 0 faulted"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1 stopped waiting on tile_ready[3] of rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("expected >= 42, observed 0"), std::string::npos) << m;
+    EXPECT_LT(s, 5.0) << "the wait ran on towards its own 30 s deadline";
+    std::printf("reported after %.3f s: %s\n", s, m.c_str());
+  }
+}
