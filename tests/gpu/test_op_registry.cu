@@ -2,11 +2,13 @@
 // ops are found in the registry, not named here, so registering an op is all this test needs.
 // Virtual ranks on one GPU, worlds 1-8, ragged and empty row segments, ragged N or K splits, every
 // variant, the copy engine or SMs for the comm program; inputs fresh and random, outputs poisoned;
-// fused and unfused both checked against float64 (tools/tilelink/op_check_cuda.hpp).
+// fused and unfused both checked against float64 (tools/tilelink/op_check_cuda.hpp). Half the
+// problems also capture the fused call in CUDA graphs and replay it twice on fresh inputs (the same
+// buffers), each replay checked the same way.
 //
 // TILELINK_TEST_SEED=<seed> reproduces a run (the seed is printed, and with each failure);
-// TILELINK_GPU_FUZZ_CASES=<n> sets the number of problems per op and world (default 3: 72 in all;
-// 42 gives 1,008).
+// TILELINK_GPU_FUZZ_CASES=<n> sets the number of problems per op and world (default 42: 1,008 in
+// all with three ops).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -28,7 +30,7 @@ namespace tlc = tilelink::cuda;
 
 int cases_per_world() {
   const char* v = std::getenv("TILELINK_GPU_FUZZ_CASES");
-  return v ? std::atoi(v) : 3;
+  return v ? std::atoi(v) : 42;
 }
 
 // A problem the CUDA ops take: bf16, 16-byte rows (K, and N or the N_r / K_r, multiples of 8, each
@@ -70,6 +72,7 @@ TEST(OpRegistryCuda, EveryRegisteredOpOnRandomProblems) {
   test::Rng rng(test::test_seed());
   SCOPED_TRACE("TILELINK_TEST_SEED=" + std::to_string(test::base_seed()));
   std::map<std::string, int> checked;
+  int replays = 0, wrong = 0;
   for (int world = 1; world <= 8; ++world) {
     tlc::World w({.transport = tlc::Transport::kVirtual, .world_size = world});
     for (const cli::OpSpec& spec : cli::op_specs()) {
@@ -78,12 +81,23 @@ TEST(OpRegistryCuda, EveryRegisteredOpOnRandomProblems) {
         const cli::OpProblem p = draw_problem(spec, world, rng);
         SCOPED_TRACE(cli::describe(p) + ", variant " + p.variant + ", comm SMs " + std::to_string(p.comm_sms) +
                      ", comm tile " + (p.comm_tile_auto ? std::string("auto") : std::to_string(p.comm_tile)));
+        const bool graph = rng.coin();
         std::unique_ptr<cli::CudaOpRun> op = spec.make_cuda(w, p);
         const std::unique_ptr<cli::CudaOperands> x = cli::make_cuda_operands(spec, w, p);
         const cli::CudaCheck err = cli::check_cuda(spec, *op, w, p, *x);
         EXPECT_LE(err.err_ref, p.tolerance) << "fused vs float64";
         EXPECT_LE(err.err_base_ref, p.tolerance) << "unfused vs float64";
         EXPECT_LE(err.err_base, p.tolerance) << "fused vs unfused";
+        bool ok = err.err_ref <= p.tolerance && err.err_base_ref <= p.tolerance && err.err_base <= p.tolerance;
+        if (graph) {
+          const cli::CudaCheck g = cli::check_cuda_graph(spec, *op, w, p, *x, 2);
+          EXPECT_LE(g.err_ref, p.tolerance) << "graph replay vs float64";
+          EXPECT_LE(g.err_base_ref, p.tolerance) << "unfused after a replay vs float64";
+          EXPECT_LE(g.err_base, p.tolerance) << "graph replay vs unfused";
+          ok = ok && g.err_ref <= p.tolerance && g.err_base_ref <= p.tolerance && g.err_base <= p.tolerance;
+          replays += 2;
+        }
+        wrong += !ok;
         ++checked[spec.name];
       }
     }
@@ -94,8 +108,10 @@ TEST(OpRegistryCuda, EveryRegisteredOpOnRandomProblems) {
   EXPECT_GE(checked.size(), 3u);
   int total = 0;
   for (const auto& [name, n] : checked) total += n;
-  std::printf("checked %d problems (%zu ops x worlds 1-8 x %d), base seed TILELINK_TEST_SEED=%llu\n", total,
-              checked.size(), cases_per_world(), static_cast<unsigned long long>(test::base_seed()));
+  std::printf("checked %d problems (%zu ops x worlds 1-8 x %d; %d graph replays): %d wrong, 0 hangs (a hang "
+              "fails the run), base seed TILELINK_TEST_SEED=%llu\n",
+              total, checked.size(), cases_per_world(), replays, wrong,
+              static_cast<unsigned long long>(test::base_seed()));
 }
 
 }  // namespace

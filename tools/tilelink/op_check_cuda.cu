@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -45,22 +46,30 @@ void* RankAllocs::poisoned(int r, size_t bytes) {
 
 std::mt19937_64 rank_rng(uint64_t seed, int r) { return std::mt19937_64(seed * 1000003u + 7919u * (r + 1)); }
 
+namespace {
+// Fresh random bf16 inputs of every rank the process needs, from p.seed (generated on the host, so a
+// reference can be computed).
+void draw_inputs(const OpSpec& spec, const cuda::World& world, const OpProblem& p, CudaOperands& x) {
+  const int W = world.size();
+  auto a_rows = [&](int r) { return spec.split_n ? p.rows.size(r) : p.m; };
+  auto a_cols = [&](int r) { return spec.split_n ? p.k : p.split[r]; };
+  auto b_rows = [&](int r) { return spec.split_n ? p.split[r] : p.n; };
+  x.ha.assign(W, {});
+  x.hb.assign(W, {});
+  for (int r = 0; r < W; ++r) {
+    if (!x.with_ref && !world.is_local(r)) continue;
+    std::mt19937_64 rng = rank_rng(p.seed, r);
+    x.ha[r] = random_matrix(a_rows(r), a_cols(r), DType::kBF16, rng);
+    x.hb[r] = random_matrix(b_rows(r), a_cols(r), DType::kBF16, rng);
+  }
+}
+}  // namespace
+
 std::unique_ptr<CudaOperands> make_cuda_operands(const OpSpec& spec, cuda::World& world, const OpProblem& p) {
   const int W = world.size();
   auto x = std::make_unique<CudaOperands>(world);
   x->with_ref = static_cast<double>(p.m) * p.n * p.k <= p.ref_limit;
-  auto a_rows = [&](int r) { return spec.split_n ? p.rows.size(r) : p.m; };
-  auto a_cols = [&](int r) { return spec.split_n ? p.k : p.split[r]; };
-  auto b_rows = [&](int r) { return spec.split_n ? p.split[r] : p.n; };
-  // Fresh random bf16 per rank (generated on the host, so a reference can be computed).
-  x->ha.resize(W);
-  x->hb.resize(W);
-  for (int r = 0; r < W; ++r) {
-    if (!x->with_ref && !world.is_local(r)) continue;
-    std::mt19937_64 rng = rank_rng(p.seed, r);
-    x->ha[r] = random_matrix(a_rows(r), a_cols(r), DType::kBF16, rng);
-    x->hb[r] = random_matrix(b_rows(r), a_cols(r), DType::kBF16, rng);
-  }
+  draw_inputs(spec, world, p, *x);
   x->a.assign(W, nullptr);
   x->b.assign(W, nullptr);
   x->c.assign(W, nullptr);
@@ -87,16 +96,10 @@ double worse(double a, double b) {
 }
 }  // namespace
 
-CudaCheck check_cuda(const OpSpec& spec, CudaOpRun& op, cuda::World& world, const OpProblem& p,
-                     const CudaOperands& x) {
+namespace {
+// The local ranks' outputs (x.c: fused, x.c_ref: unfused) against each other and the reference.
+CudaCheck compare(const OpSpec& spec, cuda::World& world, const OpProblem& p, const CudaOperands& x) {
   const int W = world.size();
-  if (!p.baseline_only) {
-    op.run(x.a, x.b, x.c);
-    world.sync(p.op.c_str());
-  }
-  op.run_unfused(x.a, x.b, x.c_ref);
-  world.sync((p.op + "(unfused)").c_str());
-
   Reference want;  // the float64 reference of the local ranks' outputs
   if (x.with_ref) {
     std::vector<const std::byte*> ia(W), ib(W);
@@ -121,6 +124,98 @@ CudaCheck check_cuda(const OpSpec& spec, CudaOpRun& op, cuda::World& world, cons
       if (!p.baseline_only) out.err_ref = worse(out.err_ref, relative_error(c.data(), DType::kBF16, ref));
       out.err_base_ref = worse(out.err_base_ref, relative_error(c_ref.data(), DType::kBF16, ref));
     }
+  }
+  return out;
+}
+
+// One CUDA graph per local rank, captured from its stream around `call`.
+class RankGraphs {
+ public:
+  RankGraphs(cuda::World& world, const std::function<void()>& call) : world_(world) {
+    for (int r : world.local_ranks()) {
+      world.bind(r);
+      TL_CUDA_CHECK(cudaStreamBeginCapture(world.stream(r), cudaStreamCaptureModeRelaxed));
+    }
+    call();
+    for (int r : world.local_ranks()) {
+      world.bind(r);
+      cudaGraph_t g = nullptr;
+      cudaGraphExec_t e = nullptr;
+      TL_CUDA_CHECK(cudaStreamEndCapture(world.stream(r), &g));
+      graphs_.push_back(g);
+      TL_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+      execs_.push_back(e);
+    }
+  }
+  ~RankGraphs() {
+    for (size_t i = 0; i < graphs_.size(); ++i) {
+      world_.bind(world_.local_ranks()[i]);
+      if (i < execs_.size()) cudaGraphExecDestroy(execs_[i]);
+      cudaGraphDestroy(graphs_[i]);
+    }
+  }
+  RankGraphs(const RankGraphs&) = delete;
+  RankGraphs& operator=(const RankGraphs&) = delete;
+  void replay() {
+    for (size_t i = 0; i < execs_.size(); ++i) {
+      const int r = world_.local_ranks()[i];
+      world_.bind(r);
+      TL_CUDA_CHECK(cudaGraphLaunch(execs_[i], world_.stream(r)));
+    }
+  }
+
+ private:
+  cuda::World& world_;
+  std::vector<cudaGraph_t> graphs_;
+  std::vector<cudaGraphExec_t> execs_;
+};
+
+void poison_outputs(const OpSpec& spec, cuda::World& world, const OpProblem& p, const CudaOperands& x) {
+  for (int r : world.local_ranks()) {
+    world.bind(r);
+    const int64_t bytes = spec.c_rows_of(p, r) * spec.c_cols(p, r) * 2 + 16;
+    TL_CUDA_CHECK(cudaMemsetAsync(x.c[r], 0xff, bytes, world.stream(r)));
+    TL_CUDA_CHECK(cudaMemsetAsync(x.c_ref[r], 0xff, bytes, world.stream(r)));
+  }
+}
+
+CudaCheck worst(const CudaCheck& a, const CudaCheck& b) {
+  return {worse(a.err_base, b.err_base), worse(a.err_ref, b.err_ref), worse(a.err_base_ref, b.err_base_ref)};
+}
+}  // namespace
+
+CudaCheck check_cuda(const OpSpec& spec, CudaOpRun& op, cuda::World& world, const OpProblem& p,
+                     const CudaOperands& x) {
+  if (!p.baseline_only) {
+    op.run(x.a, x.b, x.c);
+    world.sync(p.op.c_str());
+  }
+  op.run_unfused(x.a, x.b, x.c_ref);
+  world.sync((p.op + "(unfused)").c_str());
+  return compare(spec, world, p, x);
+}
+
+CudaCheck check_cuda_graph(const OpSpec& spec, CudaOpRun& op, cuda::World& world, OpProblem p, CudaOperands& x,
+                           int replays) {
+  TL_REQUIRE(!p.baseline_only && replays >= 1, "check_cuda_graph: a fused call and at least one replay");
+  RankGraphs graphs(world, [&] { op.run(x.a, x.b, x.c); });
+  CudaCheck out;
+  for (int i = 0; i < replays; ++i) {
+    p.seed = p.seed * 6364136223846793005ull + 1442695040888963407ull;  // new inputs in the same buffers
+    draw_inputs(spec, world, p, x);
+    for (int r : world.local_ranks()) {
+      world.bind(r);
+      if (!x.ha[r].empty())
+        TL_CUDA_CHECK(cudaMemcpy(const_cast<void*>(x.a[r]), x.ha[r].data(), x.ha[r].size(), cudaMemcpyHostToDevice));
+      if (!x.hb[r].empty())
+        TL_CUDA_CHECK(cudaMemcpy(const_cast<void*>(x.b[r]), x.hb[r].data(), x.hb[r].size(), cudaMemcpyHostToDevice));
+    }
+    poison_outputs(spec, world, p, x);
+    graphs.replay();
+    world.sync((p.op + "(graph replay)").c_str());
+    op.run_unfused(x.a, x.b, x.c_ref);
+    world.sync((p.op + "(unfused)").c_str());
+    out = worst(out, compare(spec, world, p, x));
   }
   return out;
 }

@@ -62,5 +62,11 @@ struct CudaCheck {
 // One fused call (unless p.baseline_only) and one unfused call, synchronised, then compared.
 CudaCheck check_cuda(const OpSpec& spec, CudaOpRun& op, cuda::World& world, const OpProblem& p,
                      const CudaOperands& x);
+// One fused call captured in a CUDA graph on every local rank's stream, then `replays` times: fresh
+// inputs in the same buffers (from a seed that follows p.seed), outputs poisoned, the graphs
+// replayed, the unfused call run eagerly, and both compared as check_cuda does (worst over the
+// replays). A replay that did not wait for its own call's data, or did not write every tile, shows.
+CudaCheck check_cuda_graph(const OpSpec& spec, CudaOpRun& op, cuda::World& world, OpProblem p, CudaOperands& x,
+                           int replays);
 
 }  // namespace tilelink::cli
