@@ -28,6 +28,8 @@
 //                 [&](int r) { launch_my_comm(..., rt.epoch(r)); });
 #pragma once
 
+#include <array>
+
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -198,11 +200,32 @@ class FusedRuntime {
       TL_REQUIRE(v[r] || may_be_null(r), op_ << ": null tensor on rank " << r << " (" << name << ")");
       TL_REQUIRE(!aligned || reinterpret_cast<uintptr_t>(v[r]) % 16 == 0,
                  op_ << ": " << name << " of rank " << r << " must be 16-byte aligned");
+      if (v[r]) require_device_memory(name, v[r], r);
     }
   }
   template <class P>
   void check_operand(const char* name, const std::vector<P>& v, bool aligned = true) const {
     check_operand(name, v, aligned, [](int) { return false; });
+  }
+
+  // `p` is device memory of rank r's GPU (cudaPointerGetAttributes; remembered once verified, so a
+  // caller that passes the same buffers call after call pays the query once).
+  void require_device_memory(const char* name, const void* p, int r) const {
+    for (const auto& [q, rank] : verified_)
+      if (q == p && rank == r) return;
+    cudaPointerAttributes at{};
+    const cudaError_t e = cudaPointerGetAttributes(&at, p);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
+    const bool device = e == cudaSuccess && (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged);
+    TL_REQUIRE(device, op_ << ": " << name << " of rank " << r << " is not device memory ("
+                           << (e != cudaSuccess                    ? cudaGetErrorString(e)
+                               : at.type == cudaMemoryTypeHost ? "pinned host memory"
+                                                               : "not a CUDA allocation")
+                           << ")");
+    TL_REQUIRE(at.type == cudaMemoryTypeManaged || at.device == world_.device(r),
+               op_ << ": " << name << " of rank " << r << " is memory of GPU " << at.device << "; the rank runs on GPU "
+                   << world_.device(r));
+    verified_[verified_next_++ % verified_.size()] = {p, r};
   }
 
   // ---- the unfused baseline ----------------------------------------------------------------
@@ -254,6 +277,8 @@ class FusedRuntime {
   std::unique_ptr<RankLanes> lanes_;
   std::unique_ptr<CallEpochs> epochs_;
   std::unique_ptr<EngineWorkspaces> engine_ws_;
+  mutable std::array<std::pair<const void*, int>, 64> verified_{};  // device pointers checked
+  mutable size_t verified_next_ = 0;
 };
 
 // run_auto of any op: the chosen path.

@@ -213,9 +213,24 @@ TEST(AgGemmCuda, RefusesBadInput) {
   tlc::World world(wo);
   AgGemmConfig cfg;
   cfg.comm_workers = 0;
-  EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 100, DType::kBF16, cfg), Error);  // K % 8
-  EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 3), {256, 256, 256}, 128, DType::kBF16, cfg), Error);
-  EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kF32, cfg), Error);
-  cfg.comm_workers = 1000;  // more SMs than the rank has (and SM comm is refused for now)
-  EXPECT_THROW(tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kBF16, cfg), Error);
+  using test::expect_refused;
+  expect_refused([&] { tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 100, DType::kBF16, cfg); },
+                 "K must be a multiple of 8");
+  expect_refused([&] { tlc::AgGemm(world, RowPartition::even(100, 3), {256, 256, 256}, 128, DType::kBF16, cfg); },
+                 "the row partition has 3 ranks, the world 2");
+  expect_refused([&] { tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kF32, cfg); },
+                 "takes bf16");
+  // Operands that are not device memory of the rank's GPU: refused before anything launches.
+  tlc::AgGemm op(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kBF16, cfg);
+  std::vector<std::byte> host(1 << 20);
+  void* dev = nullptr;
+  world.bind(0);
+  TL_CUDA_CHECK(cudaMalloc(&dev, 1 << 20));
+  const void* h = host.data();
+  expect_refused([&] { op.run({h, h}, {dev, dev}, {dev, dev}); }, "A of rank 0 is not device memory");
+  expect_refused([&] { op.run({dev, dev}, {dev, h}, {dev, dev}); }, "B of rank 1 is not device memory");
+  TL_CUDA_CHECK(cudaFree(dev));
+  cfg.comm_workers = 1000;  // more SMs than the rank has
+  expect_refused([&] { tlc::AgGemm(world, RowPartition::even(100, 2), {256, 256}, 128, DType::kBF16, cfg); },
+                 "SMs");
 }
