@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "../support/refused.hpp"
 #include "../support/random.hpp"
 #include "program_sim.hpp"
 #include "tilelink/comm/allgather.hpp"
@@ -329,30 +330,22 @@ TEST(AgGemmPlan, ProgramsFinishAndReadOnlyArrivedRows) {
 TEST(AgGemmPlan, RefusesBadInput) {
   RowPartition rows = RowPartition::even(10, 2);
   AgGemmConfig cfg;
-  auto expect_error = [](auto fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { AgGemmPlan::make(0, rows, 8, 0, DType::kBF16, cfg); }, "K must be >= 1");
-  expect_error([&] { AgGemmPlan::make(0, rows, 0, 8, DType::kBF16, cfg); }, "N must be >= 1");
-  expect_error([&] { AgGemmPlan::make(2, rows, 8, 8, DType::kBF16, cfg); }, "rank 2");
-  expect_error([&] { AgGemmPlan::make(-1, rows, 8, 8, DType::kBF16, cfg); }, "rank -1");
-  expect_error([&] { AgGemmPlan::make(0, RowPartition::even(0, 2), 8, 8, DType::kBF16, cfg); },
+  test::expect_refused([&] { AgGemmPlan::make(0, rows, 8, 0, DType::kBF16, cfg); }, "K must be >= 1");
+  test::expect_refused([&] { AgGemmPlan::make(0, rows, 0, 8, DType::kBF16, cfg); }, "N must be >= 1");
+  test::expect_refused([&] { AgGemmPlan::make(2, rows, 8, 8, DType::kBF16, cfg); }, "rank 2");
+  test::expect_refused([&] { AgGemmPlan::make(-1, rows, 8, 8, DType::kBF16, cfg); }, "rank -1");
+  test::expect_refused([&] { AgGemmPlan::make(0, RowPartition::even(0, 2), 8, 8, DType::kBF16, cfg); },
                "M must be >= 1");
   for (int AgGemmConfig::*f : {&AgGemmConfig::comm_tile_rows, &AgGemmConfig::gemm_tile_m,
                                &AgGemmConfig::gemm_tile_n, &AgGemmConfig::group_m}) {
     AgGemmConfig bad = cfg;
     bad.*f = 0;
-    expect_error([&] { AgGemmPlan::make(0, rows, 8, 8, DType::kBF16, bad); },
+    test::expect_refused([&] { AgGemmPlan::make(0, rows, 8, 8, DType::kBF16, bad); },
                  "must be in [1, 2^20]");
   }
   AgGemmConfig neg = cfg;
   neg.comm_workers = -1;
-  expect_error([&] { AgGemmPlan::make(0, rows, 8, 8, DType::kBF16, neg); }, "worker counts");
+  test::expect_refused([&] { AgGemmPlan::make(0, rows, 8, 8, DType::kBF16, neg); }, "worker counts");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "../support/refused.hpp"
 #include "../support/random.hpp"
 #include "program_sim.hpp"
 #include "tilelink/comm/reduce_scatter.hpp"
@@ -416,30 +417,22 @@ TEST(GemmRsPlan, ProgramsFinishAndReduceOnlyFinishedPartials) {
 TEST(GemmRsPlan, RefusesBadInput) {
   RowPartition rows = RowPartition::even(10, 2);
   GemmRsConfig cfg;
-  auto expect_error = [](auto fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { GemmRsPlan::make(0, rows, 8, 0, DType::kBF16, cfg); }, "K must be >= 1");
-  expect_error([&] { GemmRsPlan::make(0, rows, 0, 8, DType::kBF16, cfg); }, "N must be >= 1");
-  expect_error([&] { GemmRsPlan::make(5, rows, 8, 8, DType::kBF16, cfg); }, "rank 5");
-  expect_error([&] { GemmRsPlan::make(0, RowPartition::even(0, 2), 8, 8, DType::kBF16, cfg); },
+  test::expect_refused([&] { GemmRsPlan::make(0, rows, 8, 0, DType::kBF16, cfg); }, "K must be >= 1");
+  test::expect_refused([&] { GemmRsPlan::make(0, rows, 0, 8, DType::kBF16, cfg); }, "N must be >= 1");
+  test::expect_refused([&] { GemmRsPlan::make(5, rows, 8, 8, DType::kBF16, cfg); }, "rank 5");
+  test::expect_refused([&] { GemmRsPlan::make(0, RowPartition::even(0, 2), 8, 8, DType::kBF16, cfg); },
                "M must be >= 1");
   for (int GemmRsConfig::*f :
        {&GemmRsConfig::comm_tile_rows, &GemmRsConfig::comm_tile_cols, &GemmRsConfig::gemm_tile_m,
         &GemmRsConfig::gemm_tile_n, &GemmRsConfig::group_m}) {
     GemmRsConfig bad = cfg;
     bad.*f = 0;
-    expect_error([&] { GemmRsPlan::make(0, rows, 8, 8, DType::kBF16, bad); },
+    test::expect_refused([&] { GemmRsPlan::make(0, rows, 8, 8, DType::kBF16, bad); },
                  "must be in [1, 2^20]");
   }
   GemmRsConfig neg = cfg;
   neg.compute_workers = -2;
-  expect_error([&] { GemmRsPlan::make(0, rows, 8, 8, DType::kBF16, neg); }, "worker counts");
+  test::expect_refused([&] { GemmRsPlan::make(0, rows, 8, 8, DType::kBF16, neg); }, "worker counts");
 }
 
 }  // namespace

@@ -15,10 +15,12 @@
 #include <random>
 #include <vector>
 
+#include "../support/refused.hpp"
 #include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/ops/gemm_ar_cuda.hpp"
+#include "tilelink/runtime/graph.hpp"
 
 using namespace tilelink;
 namespace tlc = tilelink::cuda;  // NOTE: plain `cuda::` would be ambiguous with CCCL's ::cuda
@@ -146,35 +148,16 @@ class Harness {
   }
   // One fused call captured on every rank's stream, replayed with fresh inputs each time.
   void run_graph(int replays) {
-    std::vector<cudaGraphExec_t> execs(tc_.world);
-    for (int r = 0; r < tc_.world; ++r) {
-      world_.bind(r);
-      TL_CUDA_CHECK(cudaStreamBeginCapture(world_.stream(r), cudaStreamCaptureModeRelaxed));
-    }
-    op_->run(da_, db_, dc_);
-    for (int r = 0; r < tc_.world; ++r) {
-      world_.bind(r);
-      cudaGraph_t g;
-      TL_CUDA_CHECK(cudaStreamEndCapture(world_.stream(r), &g));
-      TL_CUDA_CHECK(cudaGraphInstantiate(&execs[r], g, 0));
-      TL_CUDA_CHECK(cudaGraphDestroy(g));
-    }
+    tlc::WorldGraph graph(world_, [&] { op_->run(da_, db_, dc_); });
     for (int rep = 0; rep < replays; ++rep) {
       fresh_inputs(rep % 2 == 0 && can_be_exact());
       poison();
-      for (int r = 0; r < tc_.world; ++r) {
-        world_.bind(r);
-        TL_CUDA_CHECK(cudaGraphLaunch(execs[r], world_.stream(r)));
-      }
+      graph.replay();
       world_.sync("gemm_ar(graph)");
       expect_exact(("replay " + std::to_string(rep)).c_str(), false);
       op_->run(da_, db_, dc_);  // an eager call between replays
       world_.sync("gemm_ar");
       expect_exact(("eager after replay " + std::to_string(rep)).c_str(), false);
-    }
-    for (int r = 0; r < tc_.world; ++r) {
-      world_.bind(r);
-      TL_CUDA_CHECK(cudaGraphExecDestroy(execs[r]));
     }
   }
  private:
@@ -230,26 +213,18 @@ TEST(GemmArCuda, ManyCallsStayExact) {
 TEST(GemmArCuda, RefusesBadInput) {
   tlc::World world({.transport = tlc::Transport::kVirtual, .world_size = 2});
   GemmArConfig cfg;
-  auto expect_refusal = [&](auto&& make, const char* needle) {
-    try {
-      make();
-      ADD_FAILURE() << "no error; expected one saying '" << needle << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_refusal([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 100, {128, 128}, DType::kBF16, cfg); },
+  test::expect_refused([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 100, {128, 128}, DType::kBF16, cfg); },
                  "N must be a multiple of 8");
-  expect_refusal([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 128, {128, 100}, DType::kBF16, cfg); },
+  test::expect_refused([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 128, {128, 100}, DType::kBF16, cfg); },
                  "K_1 must be a positive multiple of 8");
-  expect_refusal([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kF32, cfg); },
+  test::expect_refused([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kF32, cfg); },
                  "takes bf16");
-  expect_refusal([&] { tlc::GemmAr(world, RowPartition::even(100, 3), 128, {128, 128, 128}, DType::kBF16, cfg); },
+  test::expect_refused([&] { tlc::GemmAr(world, RowPartition::even(100, 3), 128, {128, 128, 128}, DType::kBF16, cfg); },
                  "the row partition has 3 ranks");
   cfg.compute_workers = world.sm_count(0);
-  expect_refusal([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kBF16, cfg); },
+  test::expect_refused([&] { tlc::GemmAr(world, RowPartition::even(100, 2), 128, {128, 128}, DType::kBF16, cfg); },
                  "must leave the GEMM at least one");
   tlc::GemmAr op(world, RowPartition::even(64, 2), 64, {64, 64}, DType::kBF16, GemmArConfig{});
   void* c = nullptr;
-  expect_refusal([&] { op.run({nullptr, nullptr}, {nullptr, nullptr}, {c, c}); }, "null tensor on rank 0");
+  test::expect_refused([&] { op.run({nullptr, nullptr}, {nullptr, nullptr}, {c, c}); }, "null tensor on rank 0");
 }

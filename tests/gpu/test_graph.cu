@@ -19,6 +19,7 @@
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/ops/ag_gemm_cuda.hpp"
 #include "tilelink/ops/gemm_rs_cuda.hpp"
+#include "tilelink/runtime/graph.hpp"
 
 using namespace tilelink;
 namespace tlc = tilelink::cuda;  // NOTE: plain `cuda::` would be ambiguous with CCCL's ::cuda
@@ -29,54 +30,6 @@ constexpr int kLongRun = 10000;
 constexpr int kSyncEvery = 500;  // bounds the world's notes of stream waits; not a reset
 
 using test::random_bf16;
-
-// One graph per local rank, captured from world.stream(r) around `call`.
-class RankGraphs {
- public:
-  RankGraphs(tlc::World& world, const std::function<void()>& call) : world_(world) {
-    for (int r : world.local_ranks()) {
-      world.bind(r);
-      TL_CUDA_CHECK(cudaStreamBeginCapture(world.stream(r), cudaStreamCaptureModeRelaxed));
-    }
-    call();
-    for (int r : world.local_ranks()) {
-      world.bind(r);
-      cudaGraph_t g = nullptr;
-      cudaGraphExec_t e = nullptr;
-      TL_CUDA_CHECK(cudaStreamEndCapture(world.stream(r), &g));
-      TL_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-      if (const char* dir = std::getenv("TL_TEST_GRAPH_DOT")) {  // diagnostics: the captured graphs
-        const std::string path = std::string(dir) + "/graph_" + std::to_string(++dumps_) + "_rank" +
-                                 std::to_string(r) + ".dot";
-        TL_CUDA_CHECK(cudaGraphDebugDotPrint(g, path.c_str(), cudaGraphDebugDotFlagsVerbose));
-      }
-      graphs_.push_back(g);
-      execs_.push_back(e);
-    }
-  }
-  ~RankGraphs() {
-    for (size_t i = 0; i < execs_.size(); ++i) {
-      world_.bind(world_.local_ranks()[i]);
-      cudaGraphExecDestroy(execs_[i]);
-      cudaGraphDestroy(graphs_[i]);
-    }
-  }
-  // Launches every rank's graph from this thread, in rank order or (reverse) the other way round.
-  void replay(bool reverse = false) {
-    for (size_t j = 0; j < execs_.size(); ++j) {
-      const size_t i = reverse ? execs_.size() - 1 - j : j;
-      const int r = world_.local_ranks()[i];
-      world_.bind(r);
-      TL_CUDA_CHECK(cudaGraphLaunch(execs_[i], world_.stream(r)));
-    }
-  }
-
- private:
-  tlc::World& world_;
-  std::vector<cudaGraph_t> graphs_;
-  std::vector<cudaGraphExec_t> execs_;
-  static inline int dumps_ = 0;
-};
 
 tlc::World make_world(int w, tlc::Transport transport = tlc::Transport::kVirtual) {
   tlc::WorldOptions wo;
@@ -169,7 +122,7 @@ void ag_graph_case(int W, std::vector<int64_t> split, bool unfused, int comm_sms
   call();
   world.sync("ag_gemm");
   f.check("eager before capture");
-  RankGraphs graphs(world, call);
+  tlc::WorldGraph graphs(world, call);
   if (transport != tlc::Transport::kVirtual && comm_sms == 0 && !unfused) {
     const int r = world.local_ranks().front();
     EXPECT_EQ(op.comm_sms(r), mode == CommMode::kPull ? tlc::AgGemm::kGraphPullSms : 0);
@@ -236,7 +189,7 @@ TEST(GraphCuda, AgGemm10kCallsEagerThenGraph) {
   world.sync("ag_gemm");
   f.check("eager call 10001 on fresh inputs");
 
-  RankGraphs graphs(world, [&] { op.run(f.ca(), f.cb(), f.c); });
+  tlc::WorldGraph graphs(world, [&] { op.run(f.ca(), f.cb(), f.c); });
   f.refresh(7, &op);
   for (int i = 0; i < kLongRun; ++i) {
     graphs.replay();
@@ -338,7 +291,7 @@ void rs_graph_case(int W, std::vector<int64_t> split, std::vector<int64_t> ks, b
   call();
   world.sync("gemm_rs");
   f.check("eager before capture");
-  RankGraphs graphs(world, call);
+  tlc::WorldGraph graphs(world, call);
   for (int i = 0; i < 4; ++i) {
     f.refresh(10 + i);
     graphs.replay(i % 2 == 1);
@@ -379,7 +332,7 @@ TEST(GraphCuda, GemmRs10kCallsEagerThenGraph) {
   }
   world.sync("gemm_rs (eager long run)");
   f.check("after 10000 eager calls");
-  RankGraphs graphs(world, [&] { op.run(f.ca(), f.cb(), f.c); });
+  tlc::WorldGraph graphs(world, [&] { op.run(f.ca(), f.cb(), f.c); });
   f.refresh(7);
   for (int i = 0; i < kLongRun; ++i) {
     graphs.replay();

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "op_harness.hpp"
+#include "../support/refused.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink {
@@ -157,47 +158,39 @@ TEST(AgGemm, RefusesBadInput) {
   cpu::World world(2);
   RowPartition rows = RowPartition::even(10, 2);
   AgGemmConfig cfg;
-  auto expect_error = [](auto fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::AgGemm(world, RowPartition::even(10, 3), {8, 8, 8}, 8, DType::kBF16, cfg);
       },
       "the row partition has 3 ranks, the world 2");
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::AgGemm(world, rows, {8, 8, 8}, 8, DType::kBF16, cfg);
       },
       "3 N_r values for a world of 2");
-  expect_error([&] { cpu::AgGemm(world, rows, {8, 8}, 0, DType::kBF16, cfg); }, "K must be >= 1");
-  expect_error([&] { cpu::AgGemm(world, rows, {8, 0}, 8, DType::kBF16, cfg); }, "N must be >= 1");
-  expect_error(
+  test::expect_refused([&] { cpu::AgGemm(world, rows, {8, 8}, 0, DType::kBF16, cfg); }, "K must be >= 1");
+  test::expect_refused([&] { cpu::AgGemm(world, rows, {8, 0}, 8, DType::kBF16, cfg); }, "N must be >= 1");
+  test::expect_refused(
       [&] {
         cpu::AgGemm(world, RowPartition::even(0, 2), {8, 8}, 8, DType::kBF16, cfg);
       },
       "M must be >= 1");
   AgGemmConfig zero = cfg;
   zero.comm_workers = 0;
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::AgGemm(world, rows, {8, 8}, 8, DType::kBF16, zero);
       },
       "at least one comm and one compute worker");
   zero = cfg;
   zero.compute_workers = 0;
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::AgGemm(world, rows, {8, 8}, 8, DType::kBF16, zero);
       },
       "at least one comm and one compute worker");
   std::vector<int64_t> neg = {12, -2};
-  expect_error([&] { RowPartition::from_counts(neg); }, "negative row count");
+  test::expect_refused([&] { RowPartition::from_counts(neg); }, "negative row count");
 }
 
 TEST(AgGemm, ANullTensorIsRefusedAndTheOpStaysUsable) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/refused.hpp"
 #include "../support/random.hpp"
 #include "tilelink/backend/cpu/comm_exec.hpp"
 #include "tilelink/backend/cpu/workers.hpp"
@@ -133,18 +134,10 @@ TEST(AllGatherPlan, OrdersCoverEveryTileOnce) {
 
 TEST(AllGatherPlan, RefusesBadInput) {
   const RowPartition rows = RowPartition::even(10, 2);
-  auto expect_error = [](auto fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { AllGatherPlan::make(2, rows, 16, 4, CommMode::kPull); }, "rank 2 outside a world of 2");
-  expect_error([&] { AllGatherPlan::make(0, rows, 0, 4, CommMode::kPull); }, "row_bytes must be in [1, 2^30]");
-  expect_error([&] { AllGatherPlan::make(0, rows, 16, 0, CommMode::kPull); }, "tile_rows must be in [1, 2^20]");
-  expect_error([&] { AllGatherPlan::make(0, RowPartition::even(int64_t{1} << 40, 2), 1024, 4, CommMode::kPull); },
+  test::expect_refused([&] { AllGatherPlan::make(2, rows, 16, 4, CommMode::kPull); }, "rank 2 outside a world of 2");
+  test::expect_refused([&] { AllGatherPlan::make(0, rows, 0, 4, CommMode::kPull); }, "row_bytes must be in [1, 2^30]");
+  test::expect_refused([&] { AllGatherPlan::make(0, rows, 16, 0, CommMode::kPull); }, "tile_rows must be in [1, 2^20]");
+  test::expect_refused([&] { AllGatherPlan::make(0, RowPartition::even(int64_t{1} << 40, 2), 1024, 4, CommMode::kPull); },
                "is out of range");
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "op_harness.hpp"
+#include "../support/refused.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink {
@@ -193,37 +194,29 @@ TEST(GemmRs, RefusesBadInput) {
   cpu::World world(2);
   RowPartition rows = RowPartition::even(10, 2);
   GemmRsConfig cfg;
-  auto expect_error = [](auto fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { cpu::GemmRs(world, RowPartition::even(10, 1), 8, {8}, DType::kBF16, cfg); },
+  test::expect_refused([&] { cpu::GemmRs(world, RowPartition::even(10, 1), 8, {8}, DType::kBF16, cfg); },
                "the row partition has 1 ranks, the world 2");
-  expect_error([&] { cpu::GemmRs(world, rows, 8, {8}, DType::kBF16, cfg); },
+  test::expect_refused([&] { cpu::GemmRs(world, rows, 8, {8}, DType::kBF16, cfg); },
                "1 K_r values for a world of 2");
-  expect_error([&] { cpu::GemmRs(world, rows, 8, {8, 0}, DType::kBF16, cfg); }, "K must be >= 1");
-  expect_error([&] { cpu::GemmRs(world, rows, 0, {8, 8}, DType::kBF16, cfg); }, "N must be >= 1");
+  test::expect_refused([&] { cpu::GemmRs(world, rows, 8, {8, 0}, DType::kBF16, cfg); }, "K must be >= 1");
+  test::expect_refused([&] { cpu::GemmRs(world, rows, 0, {8, 8}, DType::kBF16, cfg); }, "N must be >= 1");
   GemmRsConfig zero = cfg;
   zero.comm_workers = 0;
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::GemmRs(world, rows, 8, {8, 8}, DType::kBF16, zero);
       },
       "at least one comm and one compute worker");
   zero = cfg;
   zero.compute_workers = 0;
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::GemmRs(world, rows, 8, {8, 8}, DType::kBF16, zero);
       },
       "at least one comm and one compute worker");
   GemmRsConfig bad_tile = cfg;
   bad_tile.comm_tile_cols = 0;
-  expect_error(
+  test::expect_refused(
       [&] {
         cpu::GemmRs(world, rows, 8, {8, 8}, DType::kBF16, bad_tile);
       },

@@ -2,12 +2,9 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
 
-#include <string>
-
+#include "refused.hpp"
 #include "tilelink/backend/cuda/check.hpp"
-#include "tilelink/core/error.hpp"
 
 namespace tilelink::test {
 
@@ -16,18 +13,6 @@ inline int gpu_count() {
   int n = 0;
   TL_CUDA_CHECK(cudaGetDeviceCount(&n));
   return n;
-}
-
-// fn() is refused with a tilelink::Error whose message holds `needle` (a CUDA failure or another
-// refusal does not pass).
-template <class Fn>
-void expect_refused(Fn&& fn, const char* needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one saying '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace tilelink::test

@@ -4,7 +4,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -13,6 +12,7 @@
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/runtime/graph.hpp"
 
 namespace tilelink::cli {
 
@@ -128,48 +128,6 @@ CudaCheck compare(const OpSpec& spec, cuda::World& world, const OpProblem& p, co
   return out;
 }
 
-// One CUDA graph per local rank, captured from its stream around `call`.
-class RankGraphs {
- public:
-  RankGraphs(cuda::World& world, const std::function<void()>& call) : world_(world) {
-    for (int r : world.local_ranks()) {
-      world.bind(r);
-      TL_CUDA_CHECK(cudaStreamBeginCapture(world.stream(r), cudaStreamCaptureModeRelaxed));
-    }
-    call();
-    for (int r : world.local_ranks()) {
-      world.bind(r);
-      cudaGraph_t g = nullptr;
-      cudaGraphExec_t e = nullptr;
-      TL_CUDA_CHECK(cudaStreamEndCapture(world.stream(r), &g));
-      graphs_.push_back(g);
-      TL_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-      execs_.push_back(e);
-    }
-  }
-  ~RankGraphs() {
-    for (size_t i = 0; i < graphs_.size(); ++i) {
-      world_.bind(world_.local_ranks()[i]);
-      if (i < execs_.size()) cudaGraphExecDestroy(execs_[i]);
-      cudaGraphDestroy(graphs_[i]);
-    }
-  }
-  RankGraphs(const RankGraphs&) = delete;
-  RankGraphs& operator=(const RankGraphs&) = delete;
-  void replay() {
-    for (size_t i = 0; i < execs_.size(); ++i) {
-      const int r = world_.local_ranks()[i];
-      world_.bind(r);
-      TL_CUDA_CHECK(cudaGraphLaunch(execs_[i], world_.stream(r)));
-    }
-  }
-
- private:
-  cuda::World& world_;
-  std::vector<cudaGraph_t> graphs_;
-  std::vector<cudaGraphExec_t> execs_;
-};
-
 void poison_outputs(const OpSpec& spec, cuda::World& world, const OpProblem& p, const CudaOperands& x) {
   for (int r : world.local_ranks()) {
     world.bind(r);
@@ -198,7 +156,7 @@ CudaCheck check_cuda(const OpSpec& spec, CudaOpRun& op, cuda::World& world, cons
 CudaCheck check_cuda_graph(const OpSpec& spec, CudaOpRun& op, cuda::World& world, OpProblem p, CudaOperands& x,
                            int replays) {
   TL_REQUIRE(!p.baseline_only && replays >= 1, "check_cuda_graph: a fused call and at least one replay");
-  RankGraphs graphs(world, [&] { op.run(x.a, x.b, x.c); });
+  cuda::WorldGraph graphs(world, [&] { op.run(x.a, x.b, x.c); });
   CudaCheck out;
   for (int i = 0; i < replays; ++i) {
     p.seed = p.seed * 6364136223846793005ull + 1442695040888963407ull;  // new inputs in the same buffers
