@@ -581,6 +581,7 @@ std::string release_stream_waits(const World& world, const std::vector<const Wor
 
 void World::sync(const char* op) {
   using clock = std::chrono::steady_clock;
+  constexpr auto kTrapGrace = std::chrono::seconds(10);
   // The device waits trap at the timeout and are reported from their fault record; a stream wait
   // (no device-side bound) is found 1 s later.
   const auto deadline = clock::now() + options_.timeout + std::chrono::seconds(1);
@@ -590,6 +591,13 @@ void World::sync(const char* op) {
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) fail(op, r, e);
       if (clock::now() > deadline) {
+        // A device wait that timed out has claimed the fault record and trapped; the trap can take
+        // seconds to surface when processes time-slice one GPU. Give it a bounded while, so the
+        // error names the wait that trapped rather than the rank that outlived the deadline.
+        if (fault_ && fault_->claimed && clock::now() < deadline + kTrapGrace) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          continue;
+        }
         // A stream wait (copy engine path) cannot trap: find the one that never completed.
         std::ostringstream os;
         os << "op " << op << ": rank " << r << " did not finish within "
