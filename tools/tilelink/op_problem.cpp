@@ -24,6 +24,78 @@ void set_shape(OpProblem& p, int64_t m, int64_t n, int64_t k) {
                                     << " with nothing; it must be >= --world");
 }
 
+OpProblem problem_of_operands(const std::string& op, bool split_n, const std::string& backend,
+                              const std::vector<Extent2>& a, const std::vector<Extent2>& b, DType dtype,
+                              const std::vector<int64_t>& m_split) {
+  auto refuse = [&](const std::string& what) { throw ArgumentError(op + ": " + what); };
+  const int world = static_cast<int>(a.size());
+  if (world < 1 || world > kMaxWorldSize)
+    refuse("a holds " + std::to_string(a.size()) + " ranks' operands; the world size must be in [1, " +
+           std::to_string(kMaxWorldSize) + "]");
+  if (b.size() != a.size())
+    refuse("a holds " + std::to_string(a.size()) + " ranks' operands but b holds " + std::to_string(b.size()));
+  auto shape = [](const char* name, int r, Extent2 e) {
+    return std::string(name) + "[" + std::to_string(r) + "] [" + std::to_string(e.rows) + ", " +
+           std::to_string(e.cols) + "]";
+  };
+  constexpr int64_t kMaxExtent = int64_t{1} << 40;
+  for (int r = 0; r < world; ++r)
+    for (auto [name, e] : {std::pair{"a", a[r]}, std::pair{"b", b[r]}})
+      if (e.rows < 0 || e.cols < 0 || e.rows > kMaxExtent || e.cols > kMaxExtent ||
+          (e.cols > 0 && e.rows > kMaxExtent / e.cols))
+        refuse(shape(name, r, e) + " is out of range");
+  OpProblem p;
+  p.op = op;
+  p.split_n = split_n;
+  p.backend = backend;
+  p.world = world;
+  p.dtype = dtype;
+  p.split.resize(world);
+  std::vector<int64_t> counts(world);
+  if (split_n) {  // A_r [M_r, K], B_r [N_r, K]
+    p.k = a[0].cols;
+    for (int r = 0; r < world; ++r) {
+      if (a[r].cols != p.k) refuse(shape("a", r, a[r]) + " has K = " + std::to_string(a[r].cols) + ", a[0] has K = " + std::to_string(p.k));
+      if (b[r].cols != p.k) refuse(shape("b", r, b[r]) + " has K = " + std::to_string(b[r].cols) + ", a[0] has K = " + std::to_string(p.k));
+      if (b[r].rows < 1) refuse(shape("b", r, b[r]) + " has no rows: every rank needs N_r >= 1");
+      counts[r] = a[r].rows;
+      p.split[r] = b[r].rows;
+      p.n += b[r].rows;
+    }
+    p.rows = RowPartition::from_counts(counts);
+    p.m = p.rows.total();
+    if (p.m < 1) refuse("every a[r] has 0 rows: M must be >= 1");
+    if (!m_split.empty()) refuse("m_split is for ops whose K is split; the rows of A_r already say M's split");
+  } else {  // A_r [M, K_r], B_r [N, K_r]
+    p.m = a[0].rows;
+    p.n = b[0].rows;
+    for (int r = 0; r < world; ++r) {
+      if (a[r].rows != p.m) refuse(shape("a", r, a[r]) + " has M = " + std::to_string(a[r].rows) + ", a[0] has M = " + std::to_string(p.m));
+      if (b[r].rows != p.n) refuse(shape("b", r, b[r]) + " has N = " + std::to_string(b[r].rows) + ", b[0] has N = " + std::to_string(p.n));
+      if (b[r].cols != a[r].cols) refuse(shape("b", r, b[r]) + " has K_r = " + std::to_string(b[r].cols) + ", " + shape("a", r, a[r]) + " has K_r = " + std::to_string(a[r].cols));
+      if (a[r].cols < 1) refuse(shape("a", r, a[r]) + " has no columns: every rank needs K_r >= 1");
+      p.split[r] = a[r].cols;
+      p.k += a[r].cols;
+    }
+    if (p.m < 1 || p.n < 1) refuse("M and N must be >= 1, got " + std::to_string(p.m) + " and " + std::to_string(p.n));
+    if (m_split.empty()) {
+      p.rows = RowPartition::even(p.m, world);
+    } else {
+      if (static_cast<int>(m_split.size()) != world)
+        refuse("m_split has " + std::to_string(m_split.size()) + " counts for " + std::to_string(world) + " ranks");
+      int64_t total = 0;
+      for (int64_t c : m_split) {
+        if (c < 0) refuse("m_split holds a negative count");
+        total += c;
+      }
+      if (total != p.m) refuse("m_split adds up to " + std::to_string(total) + ", M is " + std::to_string(p.m));
+      p.rows = RowPartition::from_counts(m_split);
+    }
+  }
+  if (p.m > kMaxExtent / std::max<int64_t>(p.n, 1)) refuse("the output of M = " + std::to_string(p.m) + " by N = " + std::to_string(p.n) + " is out of range");
+  return p;
+}
+
 std::string describe(const OpProblem& p) {
   std::ostringstream os;
   os << p.op << " backend=" << p.backend << " world=" << p.world << " M=" << p.m << " N=" << p.n

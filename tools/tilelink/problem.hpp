@@ -53,6 +53,17 @@ void set_shape(OpProblem& p, int64_t m, int64_t n, int64_t k);
 // split). Empty: {base}.
 std::vector<OpProblem> expand_shapes(const OpProblem& base, const std::string& shapes);
 
+// The problem of operands a caller already holds (the Python module): every rank's A_r and B_r
+// extents ({rows, cols}), shaped as the op's split says (op_registry.hpp); m_split: the row segments
+// of a K-split op's output (empty: even). Refuses, naming the operand (a[1], b[0]) and what it
+// disagrees with, by ArgumentError.
+struct Extent2 {
+  int64_t rows = 0, cols = 0;
+};
+OpProblem problem_of_operands(const std::string& op, bool split_n, const std::string& backend,
+                              const std::vector<Extent2>& a, const std::vector<Extent2>& b, DType dtype,
+                              const std::vector<int64_t>& m_split);
+
 // Uniform [-1, 1) values stored in `dtype`, from one draw of `rng` (filled by several threads).
 std::vector<std::byte> random_matrix(int64_t rows, int64_t cols, DType dtype, std::mt19937_64& rng);
 

@@ -20,6 +20,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// An argument that does not fit the call: a shape, a count, a split or a type that disagrees with
+// the others. (Python bindings raise it as ValueError.)
+class ArgumentError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] inline void throw_error(const char* file, int line, const std::string& what) {
   std::ostringstream os;

@@ -1,0 +1,156 @@
+// The Python module's CUDA backend (backend.hpp): virtual ranks on one GPU, each op made once per
+// problem by the registry's CUDA adapter, ordered into the caller's stream by events.
+//
+// The ranks run on their own streams (in their green contexts). A call records an event on the
+// caller's stream, every rank's stream waits for it, the op is enqueued, and the caller's stream
+// waits for an event recorded on every rank's stream: to the caller the op is one more operation
+// on its stream, capturable with it, and memory the caller's allocator hands out for that stream is
+// safe to reuse after it.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/driver.hpp"
+#include "tilelink/core/error.hpp"
+#include "tilelink/runtime/world.hpp"
+
+namespace tilelink::python {
+
+namespace {
+
+namespace tlc = tilelink::cuda;
+
+// Restores the calling thread's current context on scope exit (binding a rank makes its green
+// context current; the caller's framework expects its own back).
+class ContextGuard {
+ public:
+  ContextGuard() { tlc::driver::cuCtxGetCurrent(&saved_); }
+  ~ContextGuard() {
+    if (saved_) tlc::driver::cuCtxSetCurrent(saved_);
+  }
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  CUcontext saved_ = nullptr;
+};
+
+class CudaVirtual final : public CudaBackend {
+ public:
+  CudaVirtual(int world, int device, std::chrono::milliseconds timeout) : device_(device) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      throw Error("backend 'cuda': no GPU is visible to this process");
+    }
+    TL_REQUIRE(device < count, "backend 'cuda': device " << device << " does not exist (" << count << " visible)");
+    ContextGuard keep;
+    TL_CUDA_CHECK(cudaSetDevice(device));
+    TL_CUDA_CHECK(cudaFree(nullptr));  // the primary context, where the caller's streams live
+    world_ = std::make_unique<tlc::World>(tlc::WorldOptions{.transport = tlc::Transport::kVirtual,
+                                                            .world_size = world,
+                                                            .device = device,
+                                                            .timeout = timeout});
+    // The caller's event lives in the primary context; each rank's in its green context (an event
+    // is recorded only on a stream of its own context; a stream may wait for any context's event).
+    TL_CUDA_CHECK(cudaSetDevice(device));
+    TL_CUDA_CHECK(cudaEventCreateWithFlags(&called_, cudaEventDisableTiming));
+    done_.resize(world);
+    for (int r = 0; r < world; ++r) {
+      world_->bind(r);
+      TL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
+    }
+  }
+
+  ~CudaVirtual() override {
+    ContextGuard keep;
+    ops_.clear();
+    for (size_t r = 0; r < done_.size(); ++r) {
+      world_->bind(static_cast<int>(r));
+      cudaEventDestroy(done_[r]);
+    }
+    cudaSetDevice(device_);
+    cudaEventDestroy(called_);
+  }
+
+  int size() const override { return world_->size(); }
+  int device() const override { return device_; }
+
+  PathChoice run(const cli::OpSpec& spec, const cli::OpProblem& p, const cli::ConstPtrs& a, const cli::ConstPtrs& b,
+                 const cli::Ptrs& c, uintptr_t stream) override {
+    ContextGuard keep;
+    cli::CudaOpRun& op = made(spec, p);
+    const PathChoice choice = op.choose(p.path);
+    const auto caller = reinterpret_cast<cudaStream_t>(stream);
+    TL_CUDA_CHECK(cudaSetDevice(device_));
+    TL_CUDA_CHECK(cudaEventRecord(called_, caller));
+    for (int r = 0; r < world_->size(); ++r) {
+      world_->bind(r);
+      TL_CUDA_CHECK(cudaStreamWaitEvent(world_->stream(r), called_, 0));
+    }
+    if (choice.path == OpPath::kUnfused) op.run_unfused(a, b, c);
+    else op.run(a, b, c);
+    for (int r = 0; r < world_->size(); ++r) {
+      world_->bind(r);
+      TL_CUDA_CHECK(cudaEventRecord(done_[r], world_->stream(r)));
+      TL_CUDA_CHECK(cudaStreamWaitEvent(caller, done_[r], 0));
+    }
+    return choice;
+  }
+
+  void sync() override { world_->sync("python call"); }
+
+  std::string config(const cli::OpSpec& spec, const cli::OpProblem& p) override {
+    ContextGuard keep;
+    cli::CudaOpRun& op = made(spec, p);
+    std::string out;
+    for (int r = 0; r < world_->size(); ++r)
+      out += "rank " + std::to_string(r) + ": " + std::to_string(world_->sm_count(r)) + " SMs, " + op.config(r) + "\n";
+    return out;
+  }
+
+ private:
+  cli::CudaOpRun& made(const cli::OpSpec& spec, const cli::OpProblem& p) {
+    TL_REQUIRE(spec.make_cuda, "op " << spec.name << " has no CUDA backend");
+    TL_REQUIRE(p.dtype == DType::kBF16, "op " << spec.name << ": the CUDA backend's ops take bfloat16");
+    const std::string key = cli::describe(p) + " comm_tile=" + std::to_string(p.comm_tile_auto ? 0 : p.comm_tile) +
+                            " comm_sms=" + std::to_string(p.comm_sms);
+    auto it = ops_.find(key);
+    if (it != ops_.end()) return *it->second;
+    if (ops_.size() >= kMaxMadeOps) {
+      TL_CUDA_CHECK(cudaDeviceSynchronize());  // the made ops' workspaces may still be in use
+      ops_.clear();
+    }
+    return *ops_.emplace(key, spec.make_cuda(*world_, p)).first->second;
+  }
+
+  static constexpr size_t kMaxMadeOps = 16;
+  int device_ = 0;
+  std::unique_ptr<tlc::World> world_;
+  cudaEvent_t called_ = nullptr;
+  std::vector<cudaEvent_t> done_;
+  std::map<std::string, std::unique_ptr<cli::CudaOpRun>> ops_;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<CudaBackend> make_cuda_virtual(int world, int device, std::chrono::milliseconds timeout) {
+  return std::make_unique<CudaVirtual>(world, device, timeout);
+}
+
+}  // namespace tilelink::python

@@ -1,0 +1,411 @@
+// The Python module tilelink._tilelink (python/tilelink/__init__.py wraps it): every op of the
+// registry (tools/tilelink/op_registry.hpp) on arrays of any DLPack producer (numpy, torch), on the
+// CPU backend (threads as ranks) or on virtual ranks of one GPU. A world holds every rank's operands
+// in one process: a call takes a list of arrays per operand, one per rank.
+//
+// Every argument is checked here, before anything runs: a wrong type or device raises TypeError, a
+// shape, stride, count or option that does not fit raises ValueError, each naming the argument
+// (a[1], out[0], variant). Made ops (plans, symmetric workspaces) are kept per problem and reused.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "problem.hpp"
+#include "tilelink/backend/cpu/world.hpp"
+#include "tilelink/core/error.hpp"
+
+namespace nb = nanobind;
+
+namespace tilelink::python {
+
+namespace {
+
+using InArray = nb::ndarray<nb::ro>;  // any dtype, shape and device; read-only allowed
+using OutArray = nb::ndarray<>;       // writable
+
+PyObject* g_error = nullptr;    // tilelink.Error (RuntimeError)
+PyObject* g_timeout = nullptr;  // tilelink.TimeoutError (tilelink.Error)
+
+std::string at(const char* list, int r) { return std::string(list) + "[" + std::to_string(r) + "]"; }
+
+std::string dtype_text(nb::dlpack::dtype t) {
+  std::string base;
+  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
+    case nb::dlpack::dtype_code::Int: base = "int"; break;
+    case nb::dlpack::dtype_code::UInt: base = "uint"; break;
+    case nb::dlpack::dtype_code::Float: base = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: base = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: base = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: return "bool";
+    default: base = "code" + std::to_string(t.code) + "_"; break;
+  }
+  return base + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+bool dtype_of(nb::dlpack::dtype t, DType* out) {
+  if (t.lanes != 1) return false;
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (code == nb::dlpack::dtype_code::Float && t.bits == 32) return *out = DType::kF32, true;
+  if (code == nb::dlpack::dtype_code::Float && t.bits == 16) return *out = DType::kF16, true;
+  if (code == nb::dlpack::dtype_code::Bfloat && t.bits == 16) return *out = DType::kBF16, true;
+  return false;
+}
+
+const char* device_text(int type) {
+  switch (type) {
+    case nb::device::cpu::value: return "cpu";
+    case nb::device::cuda::value: return "cuda";
+    case nb::device::cuda_host::value: return "cuda pinned host";
+    case nb::device::cuda_managed::value: return "cuda managed";
+    default: return "an unknown device";
+  }
+}
+
+// A list (or tuple) of `world` arrays, one per rank. T: InArray or OutArray.
+template <class T>
+std::vector<T> arrays_of(nb::handle seq, const char* name, int world) {
+  if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq))
+    throw nb::type_error((std::string(name) + " must be a list of arrays, one per rank, got " +
+                          nb::type_name(seq.type()).c_str()).c_str());
+  const size_t n = nb::len(seq);
+  if (static_cast<int>(n) != world)
+    throw nb::value_error((std::string(name) + " holds " + std::to_string(n) + " arrays, the world has " +
+                           std::to_string(world) + " ranks")
+                              .c_str());
+  std::vector<T> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    nb::handle item = seq[i];
+    if (!nb::try_cast<T>(item, out[i], /*convert=*/false)) {
+      const std::string what = at(name, static_cast<int>(i));
+      throw nb::type_error((what + " is not " + (std::is_same_v<T, OutArray> ? "a writable array" : "an array") +
+                            " (a DLPack or buffer-protocol object), got " + nb::type_name(item.type()).c_str())
+                               .c_str());
+    }
+  }
+  return out;
+}
+
+// Checks one operand: 2-D, row-major dense, on `device`, of `dtype`; its extents.
+template <class T>
+cli::Extent2 check_operand(const T& x, const std::string& what, int device_type, int device_id, DType dtype) {
+  if (x.device_type() != device_type || (device_type == nb::device::cuda::value && x.device_id() != device_id))
+    throw nb::type_error((what + " is on " + device_text(x.device_type()) +
+                          (x.device_type() == nb::device::cuda::value ? ":" + std::to_string(x.device_id()) : "") +
+                          "; this world's operands must be on " + device_text(device_type) +
+                          (device_type == nb::device::cuda::value ? ":" + std::to_string(device_id) : ""))
+                             .c_str());
+  DType t;
+  if (!dtype_of(x.dtype(), &t))
+    throw nb::type_error((what + " has dtype " + dtype_text(x.dtype()) + "; tilelink takes float32, float16 or bfloat16").c_str());
+  if (t != dtype)
+    throw nb::type_error((what + " has dtype " + std::string(dtype_name(t)) + ", a[0] has " +
+                          std::string(dtype_name(dtype)) + ": every operand must have the same dtype")
+                             .c_str());
+  if (x.ndim() != 2)
+    throw nb::value_error((what + " has " + std::to_string(x.ndim()) + " dimensions; operands are matrices (2-D)").c_str());
+  const int64_t rows = static_cast<int64_t>(x.shape(0)), cols = static_cast<int64_t>(x.shape(1));
+  const bool dense = rows == 0 || cols == 0 || ((cols == 1 || x.stride(1) == 1) && (rows == 1 || x.stride(0) == cols));
+  if (!dense)
+    throw nb::value_error((what + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] has strides (" +
+                           std::to_string(x.stride(0)) + ", " + std::to_string(x.stride(1)) + ") elements; " +
+                           "operands must be row-major and dense (strides (" + std::to_string(cols) +
+                           ", 1)): pass a contiguous copy")
+                              .c_str());
+  return {rows, cols};
+}
+
+// Refuses outputs that share memory with each other or with an input: ranks write them concurrently,
+// and the fused op reads its inputs while others' outputs fill.
+void check_no_overlap(const std::vector<InArray>& a, const std::vector<InArray>& b, const std::vector<OutArray>& c,
+                      int elem) {
+  struct Span {
+    uintptr_t begin, end;
+    std::string name;
+  };
+  auto span = [&](const auto& x, const std::string& name) {
+    const auto p = reinterpret_cast<uintptr_t>(x.data());
+    return Span{p, p + static_cast<uintptr_t>(x.size()) * elem, name};
+  };
+  std::vector<Span> in, out;
+  for (size_t r = 0; r < a.size(); ++r) {
+    in.push_back(span(a[r], at("a", static_cast<int>(r))));
+    in.push_back(span(b[r], at("b", static_cast<int>(r))));
+    out.push_back(span(c[r], at("out", static_cast<int>(r))));
+  }
+  auto overlap = [](const Span& x, const Span& y) { return x.begin < y.end && y.begin < x.end; };
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (overlap(out[i], out[j]))
+        throw nb::value_error((out[i].name + " shares memory with " + out[j].name + ": every output needs its own").c_str());
+    for (const Span& x : in)
+      if (overlap(out[i], x))
+        throw nb::value_error((out[i].name + " shares memory with the input " + x.name).c_str());
+  }
+}
+
+// The knobs of a call besides its operands (Python: tilelink.Config).
+struct Knobs {
+  std::string path = "auto";
+  std::string variant = "auto";
+  std::vector<int64_t> m_split;
+  int64_t comm_tile = 0;  // 0: the op's choice
+  int64_t tile_m = 128, tile_n = 128, comm_workers = 1, compute_workers = 1;  // CPU
+  int64_t comm_sms = 0;  // CUDA: SMs of each rank running the comm program; 0: the copy engine
+};
+
+int64_t in_range(int64_t v, int64_t lo, int64_t hi, const char* name) {
+  if (v < lo || v > hi)
+    throw nb::value_error((std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           "], got " + std::to_string(v))
+                              .c_str());
+  return v;
+}
+
+class World {
+ public:
+  World(int world, const std::string& backend, double timeout_s, int device) : backend_(backend), device_(device) {
+    if (world < 1 || world > kMaxWorldSize)
+      throw nb::value_error(("world must be in [1, " + std::to_string(kMaxWorldSize) + "], got " + std::to_string(world)).c_str());
+    if (!(timeout_s > 0) || timeout_s > 86400)
+      throw nb::value_error(("timeout must be in (0, 86400] seconds, got " + std::to_string(timeout_s)).c_str());
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeout_s * 1000)));
+    if (backend == "cpu") {
+      cpu_ = std::make_unique<cpu::World>(world, timeout);
+    } else if (backend == "cuda") {
+      if (device < 0) throw nb::value_error(("device must be >= 0, got " + std::to_string(device)).c_str());
+      cuda_ = make_cuda_virtual(world, device, timeout);
+    } else {
+      throw nb::value_error(("backend must be 'cpu' or 'cuda', got '" + backend + "'").c_str());
+    }
+    size_ = world;
+  }
+
+  int size() const { return size_; }
+  const std::string& backend() const { return backend_; }
+  int device() const { return device_; }
+
+  std::vector<std::pair<int64_t, int64_t>> output_shapes(const std::string& op, nb::handle a, nb::handle b,
+                                                         const Knobs& k) {
+    const cli::OpSpec& spec = spec_of(op);
+    const std::vector<InArray> xa = arrays_of<InArray>(a, "a", size_);
+    const std::vector<InArray> xb = arrays_of<InArray>(b, "b", size_);
+    const cli::OpProblem p = problem(spec, xa, xb, k);
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (int r = 0; r < size_; ++r) out.emplace_back(spec.c_rows_of(p, r), spec.c_cols(p, r));
+    return out;
+  }
+
+  // Runs op on every rank; returns the path taken ("fused" or "unfused") and why.
+  std::pair<std::string, std::string> run(const std::string& op, nb::handle a_seq, nb::handle b_seq,
+                                          nb::handle out_seq, const Knobs& k, uintptr_t stream) {
+    const cli::OpSpec& spec = spec_of(op);
+    const std::vector<InArray> a = arrays_of<InArray>(a_seq, "a", size_);
+    const std::vector<InArray> b = arrays_of<InArray>(b_seq, "b", size_);
+    const std::vector<OutArray> c = arrays_of<OutArray>(out_seq, "out", size_);
+    const cli::OpProblem p = problem(spec, a, b, k);
+    cli::ConstPtrs pa(size_), pb(size_);
+    cli::Ptrs pc(size_);
+    for (int r = 0; r < size_; ++r) {
+      const cli::Extent2 e = check_operand(c[r], at("out", r), device_type(), device_, p.dtype);
+      const int64_t rows = spec.c_rows_of(p, r), cols = spec.c_cols(p, r);
+      if (e.rows != rows || e.cols != cols)
+        throw nb::value_error((at("out", r) + " is [" + std::to_string(e.rows) + ", " + std::to_string(e.cols) +
+                               "], " + op + " writes [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                               "] on rank " + std::to_string(r))
+                                  .c_str());
+      pa[r] = a[r].data();
+      pb[r] = b[r].data();
+      pc[r] = c[r].data();
+    }
+    check_no_overlap(a, b, c, dtype_size(p.dtype));
+    if (cuda_) {
+      PathChoice choice;
+      {
+        nb::gil_scoped_release unlocked;
+        choice = cuda_->run(spec, p, pa, pb, pc, stream);
+      }
+      return {op_path_name(choice.path), choice.why};
+    }
+    cli::CpuOpRun& made = cpu_op(spec, p);
+    const bool fused = p.path != OpPath::kUnfused;
+    {
+      nb::gil_scoped_release unlocked;
+      cpu_->run([&](cpu::RankContext& ctx) {
+        const int r = ctx.rank;
+        if (fused) made.run(ctx, pa[r], pb[r], pc[r]);
+        else made.run_unfused(ctx, pa[r], pb[r], pc[r]);
+      });
+    }
+    return {fused ? "fused" : "unfused", fused ? "the CPU backend runs the fused op unless asked otherwise"
+                                               : "asked for"};
+  }
+
+  // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
+  // are synchronous already.
+  void synchronize() {
+    if (!cuda_) return;
+    nb::gil_scoped_release unlocked;
+    cuda_->sync();
+  }
+
+  std::string config(const std::string& op, nb::handle a, nb::handle b, const Knobs& k) {
+    const cli::OpSpec& spec = spec_of(op);
+    const std::vector<InArray> xa = arrays_of<InArray>(a, "a", size_);
+    const std::vector<InArray> xb = arrays_of<InArray>(b, "b", size_);
+    const cli::OpProblem p = problem(spec, xa, xb, k);
+    if (cuda_) return cuda_->config(spec, p);
+    return cli::describe(p);
+  }
+
+ private:
+  int device_type() const { return cuda_ ? nb::device::cuda::value : nb::device::cpu::value; }
+
+  static const cli::OpSpec& spec_of(const std::string& op) {
+    const cli::OpSpec* spec = cli::find_op(op);
+    if (!spec) {
+      std::string known;
+      for (const cli::OpSpec& s : cli::op_specs()) known += (known.empty() ? "" : ", ") + s.name;
+      throw nb::value_error(("no op '" + op + "'; the ops are " + known).c_str());
+    }
+    return *spec;
+  }
+
+  template <class T>
+  cli::OpProblem problem(const cli::OpSpec& spec, const std::vector<T>& a, const std::vector<T>& b, const Knobs& k) {
+    DType dtype;
+    if (!dtype_of(a[0].dtype(), &dtype))
+      throw nb::type_error(("a[0] has dtype " + dtype_text(a[0].dtype()) + "; tilelink takes float32, float16 or bfloat16").c_str());
+    std::vector<cli::Extent2> ea, eb;
+    for (int r = 0; r < size_; ++r) {
+      ea.push_back(check_operand(a[r], at("a", r), device_type(), device_, dtype));
+      eb.push_back(check_operand(b[r], at("b", r), device_type(), device_, dtype));
+    }
+    if (cuda_ && dtype != DType::kBF16)
+      throw nb::type_error(("a[0] has dtype " + std::string(dtype_name(dtype)) +
+                            "; the CUDA backend's ops take bfloat16").c_str());
+    cli::OpProblem p = cli::problem_of_operands(spec.name, spec.split_n, backend_, ea, eb, dtype, k.m_split);
+    bool known = k.variant == "auto";
+    std::string allowed = "'auto'";
+    for (const std::string& v : spec.variants) known = known || k.variant == v, allowed += ", '" + v + "'";
+    if (!known)
+      throw nb::value_error((spec.name + ": variant must be one of " + allowed + ", got '" + k.variant + "'").c_str());
+    p.variant = k.variant;
+    p.mode = k.variant == "push" ? CommMode::kPush : CommMode::kPull;
+    p.mode_auto = k.variant == "auto";
+    if (!parse_op_path(k.path, &p.path))
+      throw nb::value_error(("path must be 'auto', 'fused' or 'unfused', got '" + k.path + "'").c_str());
+    p.comm_tile_auto = k.comm_tile == 0;
+    p.comm_tile = static_cast<int>(k.comm_tile == 0 ? 64 : in_range(k.comm_tile, 1, 1 << 20, "comm_tile"));
+    p.tile_m = static_cast<int>(in_range(k.tile_m, 1, 1 << 20, "tile_m"));
+    p.tile_n = static_cast<int>(in_range(k.tile_n, 1, 1 << 20, "tile_n"));
+    p.comm_workers = static_cast<int>(in_range(k.comm_workers, 1, 1024, "comm_workers"));
+    p.compute_workers = static_cast<int>(in_range(k.compute_workers, 1, 1024, "compute_workers"));
+    p.comm_sms = static_cast<int>(in_range(k.comm_sms, 0, 1024, "comm_sms"));
+    p.timeout_ms = 0;  // the world's
+    return p;
+  }
+
+  cli::CpuOpRun& cpu_op(const cli::OpSpec& spec, const cli::OpProblem& p) {
+    const std::string key = cli::describe(p);
+    auto it = cpu_ops_.find(key);
+    if (it != cpu_ops_.end()) return *it->second;
+    if (cpu_ops_.size() >= kMaxMadeOps) cpu_ops_.clear();  // many shapes: their workspaces go
+    return *cpu_ops_.emplace(key, spec.make_cpu(*cpu_, p)).first->second;
+  }
+
+  static constexpr size_t kMaxMadeOps = 32;
+  std::string backend_;
+  int device_ = 0;
+  int size_ = 0;
+  std::unique_ptr<cpu::World> cpu_;
+  std::unique_ptr<CudaBackend> cuda_;
+  std::map<std::string, std::unique_ptr<cli::CpuOpRun>> cpu_ops_;
+};
+
+}  // namespace
+
+#if !defined(TILELINK_HAS_CUDA)
+int cuda_device_count() { return 0; }
+std::unique_ptr<CudaBackend> make_cuda_virtual(int, int, std::chrono::milliseconds) {
+  throw Error("backend 'cuda': this tilelink was built without CUDA (pip install . where nvcc is found)");
+}
+#endif
+
+}  // namespace tilelink::python
+
+NB_MODULE(_tilelink, m) {
+  using namespace tilelink;
+  using tilelink::python::Knobs;
+  m.doc() = "tilelink's ops (the op registry) on DLPack arrays; use the tilelink package, not this module.";
+
+  python::g_error = PyErr_NewException("tilelink.Error", PyExc_RuntimeError, nullptr);
+  python::g_timeout = PyErr_NewException("tilelink.TimeoutError", python::g_error, nullptr);
+  m.attr("Error") = nb::handle(python::g_error);
+  m.attr("TimeoutError") = nb::handle(python::g_timeout);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const ArgumentError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const TimeoutError& e) {
+      PyErr_SetString(python::g_timeout, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(python::g_error, e.what());
+    }
+  });
+
+#if defined(TILELINK_HAS_CUDA)
+  m.attr("has_cuda") = true;
+  cli::attach_cuda_ops();
+#else
+  m.attr("has_cuda") = false;
+#endif
+
+  m.def("cuda_device_count", &python::cuda_device_count, "The GPUs this process sees (0 without CUDA).");
+  m.def("ops", [] {
+    nb::list out;
+    for (const cli::OpSpec& s : cli::op_specs()) {
+      nb::dict d;
+      d["name"] = s.name;
+      d["summary"] = s.summary;
+      d["split"] = s.split_n ? "n" : "k";
+      d["variants"] = s.variants;
+      out.append(d);
+    }
+    return out;
+  }, "Every registered op: name, summary, the dimension split over ranks ('n' or 'k') and its variants.");
+
+  nb::class_<Knobs>(m, "Knobs")
+      .def(nb::init<>())
+      .def_rw("path", &Knobs::path)
+      .def_rw("variant", &Knobs::variant)
+      .def_rw("m_split", &Knobs::m_split)
+      .def_rw("comm_tile", &Knobs::comm_tile)
+      .def_rw("tile_m", &Knobs::tile_m)
+      .def_rw("tile_n", &Knobs::tile_n)
+      .def_rw("comm_workers", &Knobs::comm_workers)
+      .def_rw("compute_workers", &Knobs::compute_workers)
+      .def_rw("comm_sms", &Knobs::comm_sms);
+
+  nb::class_<python::World>(m, "World")
+      .def(nb::init<int, const std::string&, double, int>(), nb::arg("world"), nb::arg("backend"),
+           nb::arg("timeout"), nb::arg("device"))
+      .def_prop_ro("size", &python::World::size)
+      .def_prop_ro("backend", &python::World::backend)
+      .def_prop_ro("device", &python::World::device)
+      .def("output_shapes", &python::World::output_shapes, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"))
+      .def("synchronize", &python::World::synchronize)
+      .def("config", &python::World::config, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"))
+      .def("run", &python::World::run, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("knobs"),
+           nb::arg("stream"));
+}

@@ -1,0 +1,199 @@
+"""tilelink: compute-communication overlapping ops, built from tile-centric primitives.
+
+A world holds every rank's operands in one process: the CPU backend runs its ranks as threads, the
+CUDA backend as virtual ranks on one GPU (its SMs split into green contexts). An op takes a list of
+arrays per operand, one per rank, from any DLPack producer (numpy, torch), and returns one output
+per rank, allocated like the inputs (or written into ``out``)::
+
+    import numpy as np, tilelink
+    world = tilelink.virtual(world=2, backend="cpu")
+    a = [np.random.rand(64, 32).astype(np.float32) for _ in range(2)]   # A_r [M_r, K]
+    b = [np.random.rand(48, 32).astype(np.float32) for _ in range(2)]   # B_r [N_r, K]
+    c = world.ag_gemm(a, b)                                             # C_r = AllGather(A) B_r^T
+
+Every registered op is a method (``tilelink.ops()`` lists them): ``ag_gemm`` (AllGather + GEMM,
+N split), ``gemm_rs`` (GEMM + ReduceScatter, K split) and ``gemm_ar`` (GEMM + AllReduce, K split).
+Wrong dtypes or devices raise TypeError, shapes, strides, counts and options that do not fit raise
+ValueError, naming the argument, before anything runs; a wait that runs out of time raises
+tilelink.TimeoutError naming the op, rank, signal and tile.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from . import _tilelink
+from ._tilelink import Error, TimeoutError  # noqa: F401  (re-exported)
+
+__all__ = ["Config", "Error", "TimeoutError", "World", "has_cuda", "ops", "virtual"]
+
+#: Whether this build holds the CUDA backend.
+has_cuda: bool = _tilelink.has_cuda
+
+
+@dataclasses.dataclass
+class Config:
+    """The knobs of a call besides its operands; the defaults are the op's own choices.
+
+    variant: ``"auto"`` or one of the op's variants (``ops()``): ``"pull"``/``"push"`` for
+        ag_gemm and gemm_rs, ``"one-shot"``/``"two-shot"`` for gemm_ar.
+    m_split: rows of the output per rank for the K-split ops (gemm_rs, gemm_ar's two-shot);
+        ``None`` splits M evenly.
+    comm_tile: rows of a communication tile; 0 lets the op choose.
+    comm_sms: CUDA: SMs of each rank running the communication program; 0 uses the copy engine.
+    tile_m, tile_n, comm_workers, compute_workers: CPU: the GEMM tile and the threads of each rank.
+    """
+
+    variant: str = "auto"
+    m_split: Optional[Sequence[int]] = None
+    comm_tile: int = 0
+    comm_sms: int = 0
+    tile_m: int = 128
+    tile_n: int = 128
+    comm_workers: int = 1
+    compute_workers: int = 1
+
+    def _knobs(self, path: str) -> "_tilelink.Knobs":
+        k = _tilelink.Knobs()
+        k.path = path
+        k.variant = self.variant
+        k.m_split = [] if self.m_split is None else [int(x) for x in self.m_split]
+        for name in ("comm_tile", "comm_sms", "tile_m", "tile_n", "comm_workers", "compute_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
+            setattr(k, name, value)
+        return k
+
+
+def ops() -> list:
+    """Every registered op: its name, summary, the dimension split over ranks and its variants."""
+    return _tilelink.ops()
+
+
+def _library(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def _empty(like: Any, shape: tuple) -> Any:
+    """An uninitialised array of `shape`, of like's library, dtype and device."""
+    lib = _library(like)
+    if lib == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if lib == "numpy":
+        import numpy
+
+        return numpy.empty(shape, dtype=like.dtype)
+    namespace = getattr(like, "__array_namespace__", None)
+    if namespace is not None:
+        return namespace().empty(shape, dtype=like.dtype, device=like.device)
+    raise TypeError(f"cannot allocate outputs like a[0] ({type(like).__name__}); pass out=")
+
+
+def _stream_of(like: Any, device: int) -> int:
+    """The caller's current CUDA stream (torch's, for torch tensors), 0 otherwise."""
+    if _library(like) == "torch" and like.is_cuda:
+        import torch
+
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    return 0
+
+
+class World:
+    """W ranks in this process; make one with :func:`virtual`."""
+
+    def __init__(self, world: int, backend: str, timeout: float = 20.0, device: int = 0):
+        self._w = _tilelink.World(int(world), backend, float(timeout), int(device))
+        self.last_path: Optional[str] = None  # the path the last call took, and why
+
+    @property
+    def size(self) -> int:
+        return self._w.size
+
+    @property
+    def backend(self) -> str:
+        return self._w.backend
+
+    def __repr__(self) -> str:
+        where = f", device={self._w.device}" if self.backend == "cuda" else ""
+        return f"tilelink.World(world={self.size}, backend={self.backend!r}{where})"
+
+    def run(self, op: str, a: Sequence[Any], b: Sequence[Any], *, path: str = "auto",
+            config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
+        """Runs `op` on every rank: a[r], b[r] are rank r's operands; returns the outputs.
+
+        path: ``"fused"``, ``"unfused"`` (the baseline: the whole communication, then the whole
+        GEMM, or the reverse) or ``"auto"`` (the op's path model; the CPU backend runs fused).
+        """
+        if not isinstance(path, str):
+            raise TypeError(f"path must be a str, got {type(path).__name__}")
+        cfg = config if config is not None else Config()
+        if not isinstance(cfg, Config):
+            raise TypeError(f"config must be a tilelink.Config, got {type(cfg).__name__}")
+        knobs = cfg._knobs(path)
+        a = list(a) if isinstance(a, (list, tuple)) else a
+        b = list(b) if isinstance(b, (list, tuple)) else b
+        if out is None:
+            shapes = self._w.output_shapes(op, a, b, knobs)  # checks every operand first
+            out = [_empty(a[0], s) for s in shapes]
+        else:
+            out = list(out) if isinstance(out, (list, tuple)) else out
+        stream = _stream_of(a[0], self._w.device) if self.backend == "cuda" else 0
+        taken, why = self._w.run(op, a, b, out, knobs, stream)
+        self.last_path = f"{taken}: {why}"
+        return out
+
+    def synchronize(self) -> None:
+        """Waits for every rank's work (CUDA); a wait that ran out of time raises TimeoutError
+        naming the op, rank, signal and tile. The CPU backend's calls return when done."""
+        self._w.synchronize()
+
+    def config(self, op: str, a: Sequence[Any], b: Sequence[Any], *, config: Optional[Config] = None) -> str:
+        """How `op` is made for these operands (tiles, SMs, communication method)."""
+        cfg = config if config is not None else Config()
+        return self._w.config(op, list(a), list(b), cfg._knobs("auto"))
+
+    # The registered ops (every op of ops() is a method; these are spelled out for type checkers).
+    def ag_gemm(self, a: Sequence[Any], b: Sequence[Any], *, path: str = "auto",
+                config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
+        """AllGather + GEMM: a[r] = A_r [M_r, K], b[r] = B_r [N_r, K]; returns C_r = AllGather(A) B_r^T [M, N_r]."""
+        return self.run("ag_gemm", a, b, path=path, config=config, out=out)
+
+    def gemm_rs(self, a: Sequence[Any], b: Sequence[Any], *, path: str = "auto",
+                config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
+        """GEMM + ReduceScatter: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r]; returns rank r's rows of sum_i A_i B_i^T."""
+        return self.run("gemm_rs", a, b, path=path, config=config, out=out)
+
+    def gemm_ar(self, a: Sequence[Any], b: Sequence[Any], *, path: str = "auto",
+                config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
+        """GEMM + AllReduce: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r]; every rank gets sum_i A_i B_i^T [M, N]."""
+        return self.run("gemm_ar", a, b, path=path, config=config, out=out)
+
+
+def _add_op_method(name: str, summary: str) -> None:
+    def method(self: World, a: Sequence[Any], b: Sequence[Any], *, path: str = "auto",
+               config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
+        return self.run(name, a, b, path=path, config=config, out=out)
+
+    method.__name__ = name
+    method.__doc__ = f"{summary}. See World.run."
+    setattr(World, name, method)
+
+
+for _spec in _tilelink.ops():
+    if not hasattr(World, _spec["name"]):
+        _add_op_method(_spec["name"], _spec["summary"])
+
+
+def virtual(world: int = 1, backend: str = "auto", timeout: float = 20.0, device: int = 0) -> World:
+    """A world of `world` ranks in this process.
+
+    backend: ``"cuda"`` (virtual ranks on GPU `device`, its SMs split between them), ``"cpu"``
+    (ranks as threads) or ``"auto"`` (cuda where this build has it and a GPU is visible).
+    timeout: the bound, in seconds, of every wait; a wait that runs out raises TimeoutError.
+    """
+    if backend == "auto":
+        backend = "cuda" if has_cuda and _tilelink.cuda_device_count() > 0 else "cpu"
+    return World(world, backend, timeout, device)
