@@ -18,6 +18,15 @@ cmake -S tests/consumer -B build/consumer -DCMAKE_PREFIX_PATH="$PWD/build/instal
 cmake --build build/consumer -j "$JOBS" >/dev/null
 build/consumer/consumer
 
+echo "== the Python package (pip install ., the CPU backend), pytest =="
+# A virtual environment of its own; the CPU parts only (TILELINK_CUDA=OFF), through ccache like the
+# rest. tests/python/test_cuda.py needs a GPU and a CUDA build (scripts/gpu_check.sh runs it).
+python3 -m venv build/python-venv
+if command -v ccache >/dev/null; then export CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
+build/python-venv/bin/python -m pip install -q --upgrade pip >/dev/null
+build/python-venv/bin/python -m pip install -q ".[test]" -Ccmake.define.TILELINK_CUDA=OFF
+(cd build && python-venv/bin/python -m pytest -q ../tests/python/test_cpu.py)
+
 echo "== ctest (cpu, ThreadSanitizer) =="
 # Only the threaded executables (label tsan) are built here.
 TILELINK_CMAKE_ARGS="-DTILELINK_TSAN=ON" \

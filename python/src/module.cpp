@@ -191,6 +191,9 @@ class World {
   }
 
   int size() const { return size_; }
+  // Host time of the last CUDA call's C++ enqueue (the op's run on every rank and the stream
+  // ordering), microseconds: what a Python call costs beyond it is the binding's overhead.
+  double last_enqueue_us() const { return last_enqueue_us_; }
   const std::string& backend() const { return backend_; }
   int device() const { return device_; }
 
@@ -232,7 +235,9 @@ class World {
       PathChoice choice;
       {
         nb::gil_scoped_release unlocked;
+        const auto t0 = std::chrono::steady_clock::now();
         choice = cuda_->run(spec, p, pa, pb, pc, stream);
+        last_enqueue_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       }
       return {op_path_name(choice.path), choice.why};
     }
@@ -327,6 +332,7 @@ class World {
   std::string backend_;
   int device_ = 0;
   int size_ = 0;
+  double last_enqueue_us_ = 0;
   std::unique_ptr<cpu::World> cpu_;
   std::unique_ptr<CudaBackend> cuda_;
   std::map<std::string, std::unique_ptr<cli::CpuOpRun>> cpu_ops_;
@@ -403,6 +409,7 @@ NB_MODULE(_tilelink, m) {
       .def_prop_ro("size", &python::World::size)
       .def_prop_ro("backend", &python::World::backend)
       .def_prop_ro("device", &python::World::device)
+      .def_prop_ro("last_enqueue_us", &python::World::last_enqueue_us)
       .def("output_shapes", &python::World::output_shapes, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"))
       .def("synchronize", &python::World::synchronize)
       .def("config", &python::World::config, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"))

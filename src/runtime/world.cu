@@ -523,7 +523,11 @@ void World::fail(const char* op, int rank, cudaError_t e) {
       if (f.tile >= 0) os << "tile " << f.tile << ", ";
       os << "on the device, after " << f.waited_ns * 1e-9 << " s)";
     }
-    os << " (the kernel trapped: " << cudaGetErrorName(e) << "; the device context is lost)";
+    if (e == cudaErrorNotReady)
+      os << " (the kernel trapped; its error had not reached this process 5 s after the deadline, so the"
+            " stream may still be busy: this world cannot be destroyed cleanly, the process should exit)";
+    else
+      os << " (the kernel trapped: " << cudaGetErrorName(e) << "; the device context is lost)";
     throw TimeoutError(os.str());
   }
   os << "rank " << rank << " failed on the device: " << cudaGetErrorName(e) << " ("
@@ -581,7 +585,7 @@ std::string release_stream_waits(const World& world, const std::vector<const Wor
 
 void World::sync(const char* op) {
   using clock = std::chrono::steady_clock;
-  constexpr auto kTrapGrace = std::chrono::seconds(10);
+  constexpr auto kTrapGrace = std::chrono::seconds(5);
   // The device waits trap at the timeout and are reported from their fault record; a stream wait
   // (no device-side bound) is found 1 s later.
   const auto deadline = clock::now() + options_.timeout + std::chrono::seconds(1);
@@ -594,9 +598,12 @@ void World::sync(const char* op) {
         // A device wait that timed out has claimed the fault record and trapped; the trap can take
         // seconds to surface when processes time-slice one GPU. Give it a bounded while, so the
         // error names the wait that trapped rather than the rank that outlived the deadline.
-        if (fault_ && fault_->claimed && clock::now() < deadline + kTrapGrace) {
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-          continue;
+        if (fault_ && fault_->claimed) {
+          if (clock::now() < deadline + kTrapGrace) {
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            continue;
+          }
+          fail(op, r, cudaErrorNotReady);  // the record names the wait; the trap is still on its way
         }
         // A stream wait (copy engine path) cannot trap: find the one that never completed.
         std::ostringstream os;

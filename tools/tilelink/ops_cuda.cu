@@ -82,8 +82,8 @@ class GemmRsCuda final : public CudaAdapterBase<tlc::GemmRs> {
   std::string config(int r) const override {
     return "GEMM on " + std::to_string(op_->gemm_sms(r)) + " SMs, " +
            (cfg_.mode == CommMode::kPush ? "push+reduce" : "reduce") + " on " +
-           std::to_string(op_->plan(r).config.comm_workers) + ", reduce tiles of " +
-           std::to_string(cfg_.comm_tile_rows) + " rows";
+           std::to_string(op_->plan(r).config.comm_workers) + ", reduce bands of " +
+           std::to_string(op_->plan(r).rs.band_rows) + "x" + std::to_string(op_->plan(r).rs.band_cols);
   }
   // NOTE: the GEMM part first: the reduce alone needs the tile_done signals it sets.
   std::vector<TimedPart> parts(const ConstPtrs& a, const ConstPtrs& b, const Ptrs& c) override {

@@ -1,0 +1,198 @@
+"""The Python package on the CPU backend: every registered op against a float64 reference on fresh
+random data, fused against unfused bit for bit, and every argument check with the message it gives."""
+import re
+
+import numpy as np
+import pytest
+
+import tilelink
+
+OPS = [s["name"] for s in tilelink.ops()]
+TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}
+
+
+def reference(op, a, b, m_split=None):
+    """Float64 outputs of each rank."""
+    world = len(a)
+    a64 = [x.astype(np.float64) for x in a]
+    b64 = [x.astype(np.float64) for x in b]
+    if op == "ag_gemm":
+        full = np.concatenate(a64)
+        return [full @ y.T for y in b64]
+    total = sum(x @ y.T for x, y in zip(a64, b64))
+    if op == "gemm_ar":
+        return [total] * world
+    m = total.shape[0]
+    counts = m_split or [m // world + (1 if r < m % world else 0) for r in range(world)]
+    starts = np.cumsum([0] + list(counts))
+    return [total[starts[r]:starts[r + 1]] for r in range(world)]
+
+
+def operands(op, world, rng, dtype, m=37, n=24, k=40, ragged=True):
+    """Rank r's A_r, B_r as the op splits them (ragged, one rank empty where the op allows)."""
+    if op == "ag_gemm":  # A_r [M_r, K], B_r [N_r, K]
+        rows = [0 if (ragged and r == 1) else m // world + r for r in range(world)]
+        cols = [n // world + (r % 3 if ragged else 0) + 1 for r in range(world)]
+        a = [rng.uniform(-1, 1, (rows[r], k)).astype(dtype) for r in range(world)]
+        b = [rng.uniform(-1, 1, (cols[r], k)).astype(dtype) for r in range(world)]
+    else:  # A_r [M, K_r], B_r [N, K_r]
+        ks = [8 * (1 + (r % 3 if ragged else 0)) for r in range(world)]
+        a = [rng.uniform(-1, 1, (m, ks[r])).astype(dtype) for r in range(world)]
+        b = [rng.uniform(-1, 1, (n, ks[r])).astype(dtype) for r in range(world)]
+    return a, b
+
+
+def rel_err(got, want):
+    den = np.linalg.norm(want)
+    return np.linalg.norm(got.astype(np.float64) - want) / (den if den > 0 else 1.0)
+
+
+def test_ops_listed():
+    assert OPS == ["ag_gemm", "gemm_rs", "gemm_ar"]
+    for spec in tilelink.ops():
+        assert spec["split"] in ("n", "k") and spec["summary"] and isinstance(spec["variants"], list)
+        assert hasattr(tilelink.World, spec["name"])
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_op_matches_reference(op, world, dtype):
+    rng = np.random.default_rng(hash((op, world, str(dtype))) % 2**32)
+    w = tilelink.virtual(world=world, backend="cpu")
+    for call in range(2):  # a made op is reused: fresh inputs on the second call
+        a, b = operands(op, world, rng, dtype)
+        want = reference(op, a, b)
+        poisoned = [np.full(x.shape, np.nan, dtype=dtype) for x in want]
+        fused = getattr(w, op)(a, b, path="fused", out=poisoned)
+        assert fused is not None and all(f is p for f, p in zip(fused, poisoned))
+        unfused = getattr(w, op)(a, b, path="unfused")
+        assert w.last_path.startswith("unfused")
+        for r in range(world):
+            assert fused[r].shape == want[r].shape and fused[r].dtype == dtype
+            assert not np.isnan(fused[r]).any(), f"rank {r}: unwritten output"
+            assert rel_err(fused[r], want[r]) < TOLERANCE[dtype], f"call {call}, rank {r}"
+            np.testing.assert_array_equal(fused[r], unfused[r])
+
+
+@pytest.mark.parametrize("op,variants", [("ag_gemm", ["pull", "push"]), ("gemm_rs", ["pull", "push"]),
+                                         ("gemm_ar", ["one-shot", "two-shot"])])
+def test_variants_and_config(op, variants):
+    rng = np.random.default_rng(7)
+    w = tilelink.virtual(world=3, backend="cpu")
+    a, b = operands(op, 3, rng, np.float32)
+    want = reference(op, a, b)
+    for v in variants:
+        cfg = tilelink.Config(variant=v, comm_tile=5, tile_m=16, tile_n=8, comm_workers=2, compute_workers=3)
+        c = w.run(op, a, b, config=cfg)
+        for r in range(3):
+            assert rel_err(c[r], want[r]) < 1e-5, f"{v}, rank {r}"
+    assert "M=" in w.config(op, a, b)
+
+
+@pytest.mark.parametrize("op", ["gemm_rs", "gemm_ar"])
+def test_m_split(op):
+    rng = np.random.default_rng(3)
+    w = tilelink.virtual(world=4, backend="cpu")
+    a, b = operands(op, 4, rng, np.float32)
+    split = [20, 0, 1, 16]
+    want = reference(op, a, b, m_split=split)
+    c = w.run(op, a, b, config=tilelink.Config(m_split=split, variant="two-shot" if op == "gemm_ar" else "auto"))
+    for r in range(4):
+        assert c[r].shape == want[r].shape
+        assert rel_err(c[r], want[r]) < 1e-5
+
+
+def raises(exc, pattern, fn):
+    with pytest.raises(exc, match=re.escape(pattern)):
+        fn()
+
+
+def test_refusals():
+    rng = np.random.default_rng(5)
+    w = tilelink.virtual(world=3, backend="cpu")
+    a, b = operands("gemm_rs", 3, rng, np.float32, ragged=False)
+    ok_out = [np.empty(s, np.float32) for s in [(13, 24), (12, 24), (12, 24)]]
+    w.gemm_rs(a, b, out=ok_out)  # the reference call: every case below changes one thing
+    raises(ValueError, "a holds 2 arrays, the world has 3 ranks", lambda: w.gemm_rs(a[:2], b))
+    raises(ValueError, "b holds 4 arrays", lambda: w.gemm_rs(a, b + b[:1]))
+    raises(TypeError, "b must be a list of arrays, one per rank, got int", lambda: w.gemm_rs(a, 5))
+    raises(TypeError, "a[1] is not an array", lambda: w.gemm_rs([a[0], "x", a[2]], b))
+    raises(TypeError, "a[0] has dtype float64; tilelink takes float32, float16 or bfloat16",
+           lambda: w.gemm_rs([x.astype(np.float64) for x in a], b))
+    raises(TypeError, "b[2] has dtype fp16, a[0] has fp32",
+           lambda: w.gemm_rs(a, b[:2] + [b[2].astype(np.float16)]))
+    raises(TypeError, "a[0] has dtype int32", lambda: w.gemm_rs([x.astype(np.int32) for x in a], b))
+    raises(ValueError, "a[1] has 3 dimensions", lambda: w.gemm_rs([a[0], a[1][None], a[2]], b))
+    raises(ValueError, "a[0] [37, 8] has strides (1, 37) elements; operands must be row-major and dense",
+           lambda: w.gemm_rs([np.asfortranarray(a[0])] + a[1:], b))
+    raises(ValueError, "a[2] [37, 8] has strides (16, 2)",
+           lambda: w.gemm_rs(a[:2] + [np.empty((37, 16), np.float32)[:, ::2]], b))
+    raises(ValueError, "gemm_rs: b[1] [24, 4] has K_r = 4, a[1] [37, 8] has K_r = 8",
+           lambda: w.gemm_rs(a, [b[0], b[1][:, :4].copy(), b[2]]))
+    raises(ValueError, "gemm_rs: a[2] [36, 8] has M = 36, a[0] has M = 37",
+           lambda: w.gemm_rs(a[:2] + [a[2][:36].copy()], b))
+    raises(ValueError, "gemm_rs: b[1] [23, 8] has N = 23, b[0] has N = 24",
+           lambda: w.gemm_rs(a, [b[0], b[1][:23].copy(), b[2]]))
+    raises(ValueError, "gemm_rs: m_split adds up to 36, M is 37",
+           lambda: w.gemm_rs(a, b, config=tilelink.Config(m_split=[12, 12, 12])))
+    raises(ValueError, "gemm_rs: m_split has 2 counts for 3 ranks",
+           lambda: w.gemm_rs(a, b, config=tilelink.Config(m_split=[30, 7])))
+    raises(ValueError, "gemm_rs: variant must be one of 'auto', 'pull', 'push', got 'one-shot'",
+           lambda: w.gemm_rs(a, b, config=tilelink.Config(variant="one-shot")))
+    raises(ValueError, "path must be 'auto', 'fused' or 'unfused', got 'fast'", lambda: w.gemm_rs(a, b, path="fast"))
+    raises(TypeError, "path must be a str", lambda: w.gemm_rs(a, b, path=1))
+    raises(TypeError, "config must be a tilelink.Config", lambda: w.gemm_rs(a, b, config={"variant": "pull"}))
+    raises(TypeError, "Config.comm_tile must be an int, got float",
+           lambda: w.gemm_rs(a, b, config=tilelink.Config(comm_tile=1.5)))
+    raises(ValueError, "comm_workers must be in [1, 1024], got 0",
+           lambda: w.gemm_rs(a, b, config=tilelink.Config(comm_workers=0)))
+    raises(ValueError, "tile_m must be in [1, 1048576], got -3",
+           lambda: w.gemm_rs(a, b, config=tilelink.Config(tile_m=-3)))
+    raises(ValueError, "no op 'gemm'; the ops are ag_gemm, gemm_rs, gemm_ar", lambda: w.run("gemm", a, b))
+    # outputs
+    raises(ValueError, "out[1] is [13, 24], gemm_rs writes [12, 24] on rank 1",
+           lambda: w.gemm_rs(a, b, out=[ok_out[0], ok_out[0].copy(), ok_out[2]]))
+    raises(TypeError, "out[2] has dtype fp16, a[0] has fp32",
+           lambda: w.gemm_rs(a, b, out=ok_out[:2] + [ok_out[2].astype(np.float16)]))
+    raises(ValueError, "out[1] shares memory with out[0]",
+           lambda: w.gemm_rs(a, b, out=[ok_out[0], ok_out[0][1:], ok_out[2]]))
+    buf = np.zeros(37 * 8 + 13 * 24, np.float32)  # a[0] and out[0] overlapping in one buffer
+    a0, out0 = buf[:37 * 8].reshape(37, 8), buf[100:100 + 13 * 24].reshape(13, 24)
+    raises(ValueError, "out[0] shares memory with the input a[0]",
+           lambda: w.gemm_rs([a0] + a[1:], b, out=[out0] + ok_out[1:]))
+    read_only = ok_out[1].copy()
+    read_only.flags.writeable = False
+    raises(TypeError, "out[1] is not a writable array", lambda: w.gemm_rs(a, b, out=[ok_out[0], read_only, ok_out[2]]))
+    # ag_gemm's own shapes
+    ag_a, ag_b = operands("ag_gemm", 3, rng, np.float32)
+    raises(ValueError, "ag_gemm: b[1] [10, 39] has K = 39, a[0] has K = 40",
+           lambda: w.ag_gemm(ag_a, [ag_b[0], ag_b[1][:, :39].copy(), ag_b[2]]))
+    raises(ValueError, "ag_gemm: b[2] [0, 40] has no rows", lambda: w.ag_gemm(ag_a, ag_b[:2] + [ag_b[2][:0]]))
+    raises(ValueError, "m_split is for ops whose K is split",
+           lambda: w.ag_gemm(ag_a, ag_b, config=tilelink.Config(m_split=[1, 1, 1])))
+    # worlds
+    raises(ValueError, "world must be in [1, 64], got 0", lambda: tilelink.virtual(world=0, backend="cpu"))
+    raises(ValueError, "world must be in [1, 64], got 65", lambda: tilelink.virtual(world=65, backend="cpu"))
+    raises(ValueError, "backend must be 'cpu' or 'cuda', got 'tpu'", lambda: tilelink.virtual(world=2, backend="tpu"))
+    raises(ValueError, "timeout must be in (0, 86400] seconds", lambda: tilelink.virtual(2, backend="cpu", timeout=0))
+    # after every refusal the world still runs
+    c = w.gemm_rs(a, b)
+    want = reference("gemm_rs", a, b)
+    assert all(rel_err(c[r], want[r]) < 1e-5 for r in range(3))
+
+
+def test_cuda_backend_without_cuda():
+    if tilelink.has_cuda:
+        pytest.skip("this build holds the CUDA backend: tests/python/test_cuda.py covers it")
+    raises(tilelink.Error, "this tilelink was built without CUDA", lambda: tilelink.virtual(2, backend="cuda"))
+    assert tilelink.virtual(2).backend == "cpu"  # auto
+    assert issubclass(tilelink.TimeoutError, tilelink.Error) and issubclass(tilelink.Error, RuntimeError)
+
+
+def test_readme_example():
+    """The README's Python example runs as written."""
+    import pathlib
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})
