@@ -58,6 +58,18 @@ if [ -n "$ipcs" ] && command -v mpirun >/dev/null; then
 else
   echo "SKIP gpu_ipc_* (no binary or no mpirun)" | tee -a "$SUMMARY"
 fi
+# The Python package on the GPU (tests/python/test_cuda.py, torch tensors on virtual ranks): from
+# $BIN/python (a tilelink folder holding the _tilelink module built with CUDA for this machine's
+# python3, e.g. build/ after a CMake build with -DTILELINK_PYTHON=ON, copied beside
+# python/tilelink's sources), else an installed one (pip install .).
+if [ -d "$BIN/python/tilelink" ]; then
+  run python_cuda env PYTHONPATH="$BIN/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -s tests/python/test_cuda.py
+elif python3 -c "import tilelink, sys; sys.exit(0 if tilelink.has_cuda else 1)" 2>/dev/null; then
+  run python_cuda python3 -m pytest -q -s tests/python/test_cuda.py
+else
+  echo "SKIP python_cuda (no tilelink package with CUDA: pip install . here, or a built one in $BIN/python)" |
+    tee -a "$SUMMARY"
+fi
 cli=$(find "$BIN" -maxdepth 3 -type f -name 'tilelink' -perm -u+x | head -1)
 if [ -n "$cli" ]; then
   echo "\$ tilelink bench prim ${TILELINK_BENCH_PRIM_ARGS:-}" >"$LOG/bench_prim.txt"

@@ -71,9 +71,73 @@ const char* device_text(int type) {
   }
 }
 
-// A list (or tuple) of `world` arrays, one per rank. T: InArray or OutArray.
+// One operand as the checks see it, from a DLPack array (numpy, any producer) or from the torch fast
+// path's tuple (python/tilelink/__init__.py: (data_ptr, dim, shape, strides, dtype code or name,
+// device index), read in Python, which costs less than a DLPack export of a torch tensor).
+struct Operand {
+  const void* data = nullptr;
+  int64_t ndim = 0;
+  int64_t shape[2] = {0, 0}, stride[2] = {0, 0};  // strides in elements
+  bool known_dtype = false;
+  DType dtype = DType::kF32;
+  std::string dtype_text;  // for messages when !known_dtype
+  int device_type = nb::device::cpu::value, device_id = 0;
+  int64_t elems = 0;
+};
+
+// The torch fast path's dtype codes (python/tilelink/__init__.py, _TORCH_DTYPES).
+bool dtype_of_code(int64_t code, DType* out) {
+  switch (code) {
+    case 0: return *out = DType::kF32, true;
+    case 1: return *out = DType::kBF16, true;
+    case 2: return *out = DType::kF16, true;
+  }
+  return false;
+}
+
 template <class T>
-std::vector<T> arrays_of(nb::handle seq, const char* name, int world) {
+Operand operand_of_array(const T& x) {
+  Operand o;
+  o.data = x.data();
+  o.ndim = static_cast<int64_t>(x.ndim());
+  for (int i = 0; i < 2 && i < o.ndim; ++i) o.shape[i] = static_cast<int64_t>(x.shape(i)), o.stride[i] = x.stride(i);
+  o.known_dtype = dtype_of(x.dtype(), &o.dtype);
+  if (!o.known_dtype) o.dtype_text = dtype_text(x.dtype());
+  o.device_type = x.device_type();
+  o.device_id = x.device_id();
+  o.elems = static_cast<int64_t>(x.size());
+  return o;
+}
+
+// (data_ptr, dim, shape, strides, dtype code (int) or name (str), device index (-1: cpu)).
+bool operand_of_tuple(nb::handle item, Operand* o) {
+  if (!nb::isinstance<nb::tuple>(item) || nb::len(item) != 6) return false;
+  nb::tuple t = nb::borrow<nb::tuple>(item);
+  o->data = reinterpret_cast<const void*>(nb::cast<uintptr_t>(t[0]));
+  o->ndim = nb::cast<int64_t>(t[1]);
+  nb::handle shape = t[2], strides = t[3];
+  o->elems = 1;
+  for (int64_t i = 0; i < o->ndim; ++i) {
+    const int64_t extent = nb::cast<int64_t>(shape[i]);
+    if (i < 2) o->shape[i] = extent, o->stride[i] = nb::cast<int64_t>(strides[i]);
+    o->elems *= extent;
+  }
+  if (nb::isinstance<nb::int_>(t[4])) {
+    o->known_dtype = dtype_of_code(nb::cast<int64_t>(t[4]), &o->dtype);
+    if (!o->known_dtype) o->dtype_text = "code " + std::to_string(nb::cast<int64_t>(t[4]));
+  } else {
+    o->dtype_text = nb::cast<std::string>(nb::str(t[4]));
+    if (o->dtype_text.rfind("torch.", 0) == 0) o->dtype_text = o->dtype_text.substr(6);
+  }
+  const int device = nb::cast<int>(t[5]);
+  o->device_type = device < 0 ? nb::device::cpu::value : nb::device::cuda::value;
+  o->device_id = device < 0 ? 0 : device;
+  return true;
+}
+
+// A list (or tuple) of `world` operands, one per rank: arrays, or with `raw` the torch fast path's
+// tuples. `writable`: outputs (a read-only array is refused).
+std::vector<Operand> operands_of(nb::handle seq, const char* name, int world, bool writable, bool raw) {
   if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq))
     throw nb::type_error((std::string(name) + " must be a list of arrays, one per rank, got " +
                           nb::type_name(seq.type()).c_str()).c_str());
@@ -82,12 +146,22 @@ std::vector<T> arrays_of(nb::handle seq, const char* name, int world) {
     throw nb::value_error((std::string(name) + " holds " + std::to_string(n) + " arrays, the world has " +
                            std::to_string(world) + " ranks")
                               .c_str());
-  std::vector<T> out(n);
+  std::vector<Operand> out(n);
   for (size_t i = 0; i < n; ++i) {
     nb::handle item = seq[i];
-    if (!nb::try_cast<T>(item, out[i], /*convert=*/false)) {
+    bool ok = false;
+    if (raw) {
+      ok = operand_of_tuple(item, &out[i]);
+    } else if (writable) {
+      OutArray x;
+      if ((ok = nb::try_cast<OutArray>(item, x, /*convert=*/false))) out[i] = operand_of_array(x);
+    } else {
+      InArray x;
+      if ((ok = nb::try_cast<InArray>(item, x, /*convert=*/false))) out[i] = operand_of_array(x);
+    }
+    if (!ok) {
       const std::string what = at(name, static_cast<int>(i));
-      throw nb::type_error((what + " is not " + (std::is_same_v<T, OutArray> ? "a writable array" : "an array") +
+      throw nb::type_error((what + " is not " + (writable ? "a writable array" : "an array") +
                             " (a DLPack or buffer-protocol object), got " + nb::type_name(item.type()).c_str())
                                .c_str());
     }
@@ -96,28 +170,26 @@ std::vector<T> arrays_of(nb::handle seq, const char* name, int world) {
 }
 
 // Checks one operand: 2-D, row-major dense, on `device`, of `dtype`; its extents.
-template <class T>
-cli::Extent2 check_operand(const T& x, const std::string& what, int device_type, int device_id, DType dtype) {
-  if (x.device_type() != device_type || (device_type == nb::device::cuda::value && x.device_id() != device_id))
-    throw nb::type_error((what + " is on " + device_text(x.device_type()) +
-                          (x.device_type() == nb::device::cuda::value ? ":" + std::to_string(x.device_id()) : "") +
+cli::Extent2 check_operand(const Operand& x, const std::string& what, int device_type, int device_id, DType dtype) {
+  if (x.device_type != device_type || (device_type == nb::device::cuda::value && x.device_id != device_id))
+    throw nb::type_error((what + " is on " + device_text(x.device_type) +
+                          (x.device_type == nb::device::cuda::value ? ":" + std::to_string(x.device_id) : "") +
                           "; this world's operands must be on " + device_text(device_type) +
                           (device_type == nb::device::cuda::value ? ":" + std::to_string(device_id) : ""))
                              .c_str());
-  DType t;
-  if (!dtype_of(x.dtype(), &t))
-    throw nb::type_error((what + " has dtype " + dtype_text(x.dtype()) + "; tilelink takes float32, float16 or bfloat16").c_str());
-  if (t != dtype)
-    throw nb::type_error((what + " has dtype " + std::string(dtype_name(t)) + ", a[0] has " +
+  if (!x.known_dtype)
+    throw nb::type_error((what + " has dtype " + x.dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
+  if (x.dtype != dtype)
+    throw nb::type_error((what + " has dtype " + std::string(dtype_name(x.dtype)) + ", a[0] has " +
                           std::string(dtype_name(dtype)) + ": every operand must have the same dtype")
                              .c_str());
-  if (x.ndim() != 2)
-    throw nb::value_error((what + " has " + std::to_string(x.ndim()) + " dimensions; operands are matrices (2-D)").c_str());
-  const int64_t rows = static_cast<int64_t>(x.shape(0)), cols = static_cast<int64_t>(x.shape(1));
-  const bool dense = rows == 0 || cols == 0 || ((cols == 1 || x.stride(1) == 1) && (rows == 1 || x.stride(0) == cols));
+  if (x.ndim != 2)
+    throw nb::value_error((what + " has " + std::to_string(x.ndim) + " dimensions; operands are matrices (2-D)").c_str());
+  const int64_t rows = x.shape[0], cols = x.shape[1];
+  const bool dense = rows == 0 || cols == 0 || ((cols == 1 || x.stride[1] == 1) && (rows == 1 || x.stride[0] == cols));
   if (!dense)
     throw nb::value_error((what + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] has strides (" +
-                           std::to_string(x.stride(0)) + ", " + std::to_string(x.stride(1)) + ") elements; " +
+                           std::to_string(x.stride[0]) + ", " + std::to_string(x.stride[1]) + ") elements; " +
                            "operands must be row-major and dense (strides (" + std::to_string(cols) +
                            ", 1)): pass a contiguous copy")
                               .c_str());
@@ -126,15 +198,15 @@ cli::Extent2 check_operand(const T& x, const std::string& what, int device_type,
 
 // Refuses outputs that share memory with each other or with an input: ranks write them concurrently,
 // and the fused op reads its inputs while others' outputs fill.
-void check_no_overlap(const std::vector<InArray>& a, const std::vector<InArray>& b, const std::vector<OutArray>& c,
+void check_no_overlap(const std::vector<Operand>& a, const std::vector<Operand>& b, const std::vector<Operand>& c,
                       int elem) {
   struct Span {
     uintptr_t begin, end;
     std::string name;
   };
-  auto span = [&](const auto& x, const std::string& name) {
-    const auto p = reinterpret_cast<uintptr_t>(x.data());
-    return Span{p, p + static_cast<uintptr_t>(x.size()) * elem, name};
+  auto span = [&](const Operand& x, const std::string& name) {
+    const auto p = reinterpret_cast<uintptr_t>(x.data);
+    return Span{p, p + static_cast<uintptr_t>(x.elems) * elem, name};
   };
   std::vector<Span> in, out;
   for (size_t r = 0; r < a.size(); ++r) {
@@ -198,10 +270,10 @@ class World {
   int device() const { return device_; }
 
   std::vector<std::pair<int64_t, int64_t>> output_shapes(const std::string& op, nb::handle a, nb::handle b,
-                                                         const Knobs& k) {
+                                                         const Knobs& k, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
-    const std::vector<InArray> xa = arrays_of<InArray>(a, "a", size_);
-    const std::vector<InArray> xb = arrays_of<InArray>(b, "b", size_);
+    const std::vector<Operand> xa = operands_of(a, "a", size_, false, raw);
+    const std::vector<Operand> xb = operands_of(b, "b", size_, false, raw);
     const cli::OpProblem p = problem(spec, xa, xb, k);
     std::vector<std::pair<int64_t, int64_t>> out;
     for (int r = 0; r < size_; ++r) out.emplace_back(spec.c_rows_of(p, r), spec.c_cols(p, r));
@@ -210,11 +282,11 @@ class World {
 
   // Runs op on every rank; returns the path taken ("fused" or "unfused") and why.
   std::pair<std::string, std::string> run(const std::string& op, nb::handle a_seq, nb::handle b_seq,
-                                          nb::handle out_seq, const Knobs& k, uintptr_t stream) {
+                                          nb::handle out_seq, const Knobs& k, uintptr_t stream, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
-    const std::vector<InArray> a = arrays_of<InArray>(a_seq, "a", size_);
-    const std::vector<InArray> b = arrays_of<InArray>(b_seq, "b", size_);
-    const std::vector<OutArray> c = arrays_of<OutArray>(out_seq, "out", size_);
+    const std::vector<Operand> a = operands_of(a_seq, "a", size_, false, raw);
+    const std::vector<Operand> b = operands_of(b_seq, "b", size_, false, raw);
+    const std::vector<Operand> c = operands_of(out_seq, "out", size_, true, raw);
     const cli::OpProblem p = problem(spec, a, b, k);
     cli::ConstPtrs pa(size_), pb(size_);
     cli::Ptrs pc(size_);
@@ -226,9 +298,9 @@ class World {
                                "], " + op + " writes [" + std::to_string(rows) + ", " + std::to_string(cols) +
                                "] on rank " + std::to_string(r))
                                   .c_str());
-      pa[r] = a[r].data();
-      pb[r] = b[r].data();
-      pc[r] = c[r].data();
+      pa[r] = a[r].data;
+      pb[r] = b[r].data;
+      pc[r] = const_cast<void*>(c[r].data);
     }
     check_no_overlap(a, b, c, dtype_size(p.dtype));
     if (cuda_) {
@@ -263,10 +335,10 @@ class World {
     cuda_->sync();
   }
 
-  std::string config(const std::string& op, nb::handle a, nb::handle b, const Knobs& k) {
+  std::string config(const std::string& op, nb::handle a, nb::handle b, const Knobs& k, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
-    const std::vector<InArray> xa = arrays_of<InArray>(a, "a", size_);
-    const std::vector<InArray> xb = arrays_of<InArray>(b, "b", size_);
+    const std::vector<Operand> xa = operands_of(a, "a", size_, false, raw);
+    const std::vector<Operand> xb = operands_of(b, "b", size_, false, raw);
     const cli::OpProblem p = problem(spec, xa, xb, k);
     if (cuda_) return cuda_->config(spec, p);
     return cli::describe(p);
@@ -285,11 +357,11 @@ class World {
     return *spec;
   }
 
-  template <class T>
-  cli::OpProblem problem(const cli::OpSpec& spec, const std::vector<T>& a, const std::vector<T>& b, const Knobs& k) {
-    DType dtype;
-    if (!dtype_of(a[0].dtype(), &dtype))
-      throw nb::type_error(("a[0] has dtype " + dtype_text(a[0].dtype()) + "; tilelink takes float32, float16 or bfloat16").c_str());
+  cli::OpProblem problem(const cli::OpSpec& spec, const std::vector<Operand>& a, const std::vector<Operand>& b,
+                         const Knobs& k) {
+    if (!a[0].known_dtype)
+      throw nb::type_error(("a[0] has dtype " + a[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
+    const DType dtype = a[0].dtype;
     std::vector<cli::Extent2> ea, eb;
     for (int r = 0; r < size_; ++r) {
       ea.push_back(check_operand(a[r], at("a", r), device_type(), device_, dtype));
@@ -410,9 +482,11 @@ NB_MODULE(_tilelink, m) {
       .def_prop_ro("backend", &python::World::backend)
       .def_prop_ro("device", &python::World::device)
       .def_prop_ro("last_enqueue_us", &python::World::last_enqueue_us)
-      .def("output_shapes", &python::World::output_shapes, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"))
+      .def("output_shapes", &python::World::output_shapes, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"),
+           nb::arg("raw") = false)
       .def("synchronize", &python::World::synchronize)
-      .def("config", &python::World::config, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"))
+      .def("config", &python::World::config, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"),
+           nb::arg("raw") = false)
       .def("run", &python::World::run, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("knobs"),
-           nb::arg("stream"));
+           nb::arg("stream"), nb::arg("raw") = false);
 }

@@ -97,8 +97,30 @@ def _stream_of(like: Any, device: int) -> int:
     if _library(like) == "torch" and like.is_cuda:
         import torch
 
-        return int(torch.cuda.current_stream(device).cuda_stream)
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch.cuda.current_stream reads
+        return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
     return 0
+
+
+_TORCH_DTYPES: dict = {}  # torch dtype -> the module's code (python/src/module.cpp, dtype_of_code)
+
+
+def _torch_operands(xs: Sequence[Any]) -> Optional[list]:
+    """Torch tensors as the module's raw operand tuples (cheaper than a DLPack export each); None
+    when any element is not a torch tensor (the module then reads them by DLPack and names the one
+    it cannot)."""
+    if not _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, "Tensor": torch.Tensor})
+    tensor, codes = _TORCH_DTYPES["Tensor"], _TORCH_DTYPES
+    out = []
+    for x in xs:
+        if not isinstance(x, tensor):
+            return None
+        dtype = x.dtype
+        out.append((x.data_ptr(), x.dim(), x.shape, x.stride(), codes.get(dtype, dtype), x.get_device()))
+    return out
 
 
 class World:
@@ -106,7 +128,7 @@ class World:
 
     def __init__(self, world: int, backend: str, timeout: float = 20.0, device: int = 0):
         self._w = _tilelink.World(int(world), backend, float(timeout), int(device))
-        self.last_path: Optional[str] = None  # the path the last call took, and why
+        self.last_path: Optional[tuple] = None  # ("fused" or "unfused", why) of the last call
 
     @property
     def size(self) -> int:
@@ -127,22 +149,36 @@ class World:
         path: ``"fused"``, ``"unfused"`` (the baseline: the whole communication, then the whole
         GEMM, or the reverse) or ``"auto"`` (the op's path model; the CPU backend runs fused).
         """
-        if not isinstance(path, str):
-            raise TypeError(f"path must be a str, got {type(path).__name__}")
-        cfg = config if config is not None else Config()
-        if not isinstance(cfg, Config):
-            raise TypeError(f"config must be a tilelink.Config, got {type(cfg).__name__}")
-        knobs = cfg._knobs(path)
-        a = list(a) if isinstance(a, (list, tuple)) else a
-        b = list(b) if isinstance(b, (list, tuple)) else b
-        if out is None:
-            shapes = self._w.output_shapes(op, a, b, knobs)  # checks every operand first
-            out = [_empty(a[0], s) for s in shapes]
+        if config is None:
+            knobs = _DEFAULT_KNOBS.get(path)
+            if knobs is None:
+                if not isinstance(path, str):
+                    raise TypeError(f"path must be a str, got {type(path).__name__}")
+                knobs = Config()._knobs(path)
+        elif isinstance(config, Config):
+            if not isinstance(path, str):
+                raise TypeError(f"path must be a str, got {type(path).__name__}")
+            knobs = config._knobs(path)
         else:
-            out = list(out) if isinstance(out, (list, tuple)) else out
-        stream = _stream_of(a[0], self._w.device) if self.backend == "cuda" else 0
-        taken, why = self._w.run(op, a, b, out, knobs, stream)
-        self.last_path = f"{taken}: {why}"
+            raise TypeError(f"config must be a tilelink.Config, got {type(config).__name__}")
+        w = self._w
+        if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)) or len(a) == 0:
+            w.run(op, a, b, out if out is not None else [], knobs, 0)  # raises, naming the argument
+        if out is None:
+            shapes = w.output_shapes(op, a, b, knobs)  # checks every operand first
+            out = [_empty(a[0], s) for s in shapes]
+        elif not isinstance(out, (list, tuple)):
+            w.run(op, a, b, out, knobs, 0)  # raises, naming the argument
+        # torch tensors: their fields read here (cheaper than a DLPack export of each)
+        ra = _torch_operands(a) if _library(a[0]) == "torch" else None
+        rb = _torch_operands(b) if ra is not None else None
+        rc = _torch_operands(out) if rb is not None else None
+        stream = _stream_of(a[0], w.device) if w.backend == "cuda" else 0
+        if rc is not None:
+            taken, why = w.run(op, ra, rb, rc, knobs, stream, True)
+        else:
+            taken, why = w.run(op, a, b, out, knobs, stream)
+        self.last_path = (taken, why)
         return out
 
     def synchronize(self) -> None:
@@ -170,6 +206,9 @@ class World:
                 config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
         """GEMM + AllReduce: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r]; every rank gets sum_i A_i B_i^T [M, N]."""
         return self.run("gemm_ar", a, b, path=path, config=config, out=out)
+
+
+_DEFAULT_KNOBS = {p: Config()._knobs(p) for p in ("auto", "fused", "unfused")}
 
 
 def _add_op_method(name: str, summary: str) -> None:
