@@ -90,7 +90,10 @@ struct ReduceScatterPlan {
   // field holds it (pull: the source's tile_done; push: this rank's staged) and its slot.
   TL_HD int wait_count(const Rect& b) const { return world_size * producer.covering(b).count(); }
   TL_HD void wait_at(const Rect& b, int w, int* holder, int* slot, int* tile) const {
-    const TileSpan span = producer.covering(b);
+    wait_at(producer.covering(b), w, holder, slot, tile);
+  }
+  // The same, with the band's covering span computed once (the GPU's lanes each take one w).
+  TL_HD void wait_at(const TileSpan& span, int w, int* holder, int* slot, int* tile) const {
     const int per = span.count(), sn = span.n_end - span.n_begin;
     const int source = peer_at(rank, 1 + w / per, world_size);
     const int i = w % per;
@@ -132,7 +135,9 @@ TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void reduce_scatter_item(Exec& x, const ReduceScatterPlan& p, int j, uint64_t epoch, void* c) {
   const Rect b = p.band(j);
-  x.wait_each(p.wait_count(b), [&](int w, int* holder, int* slot, int* tile) { p.wait_at(b, w, holder, slot, tile); },
+  const TileSpan span = p.producer.covering(b);  // once a band, not once a lane's wait
+  x.wait_each(p.world_size * span.count(),
+              [&](int w, int* holder, int* slot, int* tile) { p.wait_at(span, w, holder, slot, tile); },
               p.wait_field(), epoch, p.wait_name());
   std::byte* out = static_cast<std::byte*>(c) + ((b.row - p.rows.begin(p.rank)) * p.n + b.col) * p.elem_bytes();
   x.sum(p.world_size, [&](int s) { return p.source(x, s, b); }, p.n, out, p.n, b.rows, b.cols, p.dtype);
