@@ -266,6 +266,7 @@ class World {
   // Host time of the last CUDA call's C++ enqueue (the op's run on every rank and the stream
   // ordering), microseconds: what a Python call costs beyond it is the binding's overhead.
   double last_enqueue_us() const { return last_enqueue_us_; }
+  const std::string& last_why() const { return last_why_; }
   const std::string& backend() const { return backend_; }
   int device() const { return device_; }
 
@@ -280,8 +281,8 @@ class World {
     return out;
   }
 
-  // Runs op on every rank; returns the path taken ("fused" or "unfused") and why.
-  std::pair<std::string, std::string> run(const std::string& op, nb::handle a_seq, nb::handle b_seq,
+  // Runs op on every rank; returns the path taken (1 fused, 2 unfused; last_why says why).
+  int run(const std::string& op, nb::handle a_seq, nb::handle b_seq,
                                           nb::handle out_seq, const Knobs& k, uintptr_t stream, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
     const std::vector<Operand> a = operands_of(a_seq, "a", size_, false, raw);
@@ -311,7 +312,8 @@ class World {
         choice = cuda_->run(spec, p, pa, pb, pc, stream);
         last_enqueue_us_ = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       }
-      return {op_path_name(choice.path), choice.why};
+      last_why_ = std::move(choice.why);
+      return choice.path == OpPath::kUnfused ? 2 : 1;
     }
     cli::CpuOpRun& made = cpu_op(spec, p);
     const bool fused = p.path != OpPath::kUnfused;
@@ -323,8 +325,8 @@ class World {
         else made.run_unfused(ctx, pa[r], pb[r], pc[r]);
       });
     }
-    return {fused ? "fused" : "unfused", fused ? "the CPU backend runs the fused op unless asked otherwise"
-                                               : "asked for"};
+    last_why_ = fused ? "the CPU backend runs the fused op unless asked otherwise" : "asked for";
+    return fused ? 1 : 2;
   }
 
   // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
@@ -405,6 +407,7 @@ class World {
   int device_ = 0;
   int size_ = 0;
   double last_enqueue_us_ = 0;
+  std::string last_why_;
   std::unique_ptr<cpu::World> cpu_;
   std::unique_ptr<CudaBackend> cuda_;
   std::map<std::string, std::unique_ptr<cli::CpuOpRun>> cpu_ops_;
@@ -482,6 +485,7 @@ NB_MODULE(_tilelink, m) {
       .def_prop_ro("backend", &python::World::backend)
       .def_prop_ro("device", &python::World::device)
       .def_prop_ro("last_enqueue_us", &python::World::last_enqueue_us)
+      .def_prop_ro("last_why", &python::World::last_why)
       .def("output_shapes", &python::World::output_shapes, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"),
            nb::arg("raw") = false)
       .def("synchronize", &python::World::synchronize)

@@ -92,28 +92,23 @@ def _empty(like: Any, shape: tuple) -> Any:
     raise TypeError(f"cannot allocate outputs like a[0] ({type(like).__name__}); pass out=")
 
 
-def _stream_of(like: Any, device: int) -> int:
-    """The caller's current CUDA stream (torch's, for torch tensors), 0 otherwise."""
-    if _library(like) == "torch" and like.is_cuda:
+_TORCH: dict = {}  # set on first use: the Tensor class, dtype codes (module.cpp, dtype_of_code), the raw stream
+
+
+def _torch_state() -> dict:
+    if not _TORCH:
         import torch
 
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch.cuda.current_stream reads
-        return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
-    return 0
+        _TORCH.update(tensor=torch.Tensor, codes={torch.float32: 0, torch.bfloat16: 1, torch.float16: 2},
+                      stream=raw if raw is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream))
+    return _TORCH
 
 
-_TORCH_DTYPES: dict = {}  # torch dtype -> the module's code (python/src/module.cpp, dtype_of_code)
-
-
-def _torch_operands(xs: Sequence[Any]) -> Optional[list]:
+def _torch_operands(xs: Sequence[Any], tensor: type, codes: dict) -> Optional[list]:
     """Torch tensors as the module's raw operand tuples (cheaper than a DLPack export each); None
     when any element is not a torch tensor (the module then reads them by DLPack and names the one
     it cannot)."""
-    if not _TORCH_DTYPES:
-        import torch
-
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, "Tensor": torch.Tensor})
-    tensor, codes = _TORCH_DTYPES["Tensor"], _TORCH_DTYPES
     out = []
     for x in xs:
         if not isinstance(x, tensor):
@@ -128,7 +123,14 @@ class World:
 
     def __init__(self, world: int, backend: str, timeout: float = 20.0, device: int = 0):
         self._w = _tilelink.World(int(world), backend, float(timeout), int(device))
-        self.last_path: Optional[tuple] = None  # ("fused" or "unfused", why) of the last call
+        self._cuda = self._w.backend == "cuda"
+        self._device = self._w.device
+        self._last = 0  # the last call's path: 1 fused, 2 unfused (0: none yet)
+
+    @property
+    def last_path(self) -> Optional[tuple]:
+        """("fused" or "unfused", why) of the last call, or None before the first."""
+        return (("fused", "unfused")[self._last - 1], self._w.last_why) if self._last else None
 
     @property
     def size(self) -> int:
@@ -169,16 +171,22 @@ class World:
             out = [_empty(a[0], s) for s in shapes]
         elif not isinstance(out, (list, tuple)):
             w.run(op, a, b, out, knobs, 0)  # raises, naming the argument
-        # torch tensors: their fields read here (cheaper than a DLPack export of each)
-        ra = _torch_operands(a) if _library(a[0]) == "torch" else None
-        rb = _torch_operands(b) if ra is not None else None
-        rc = _torch_operands(out) if rb is not None else None
-        stream = _stream_of(a[0], w.device) if w.backend == "cuda" else 0
-        if rc is not None:
-            taken, why = w.run(op, ra, rb, rc, knobs, stream, True)
+        # torch tensors: their fields read here (cheaper than a DLPack export of each), and the
+        # call ordered on torch's current stream
+        first = a[0]
+        if type(first).__module__.startswith("torch"):
+            t = _torch_state()
+            tensor, codes = t["tensor"], t["codes"]
+            ra = _torch_operands(a, tensor, codes)
+            rb = _torch_operands(b, tensor, codes) if ra is not None else None
+            rc = _torch_operands(out, tensor, codes) if rb is not None else None
+            stream = int(t["stream"](self._device)) if self._cuda and first.is_cuda else 0
+            if rc is not None:
+                self._last = w.run(op, ra, rb, rc, knobs, stream, True)
+                return out
         else:
-            taken, why = w.run(op, a, b, out, knobs, stream)
-        self.last_path = (taken, why)
+            stream = 0
+        self._last = w.run(op, a, b, out, knobs, stream)
         return out
 
     def synchronize(self) -> None:
