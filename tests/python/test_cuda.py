@@ -130,4 +130,6 @@ def test_host_overhead(world):
     torch.cuda.synchronize()
     median = statistics.median(extra)
     print(f"\nworld {world.size}: a Python call adds {median:.1f} us (median of {len(extra)}) over the C++ enqueue")
-    assert median < 10.0
+    # 10 us for one rank's three tensors (a process per GPU); each further rank's three cost ~6-8 us
+    # more (five attribute reads and a tuple each, measured: bench/notes/python.md)
+    assert median < 10.0 + 8.0 * (world.size - 1)
