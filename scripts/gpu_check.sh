@@ -64,8 +64,11 @@ fi
 # python/tilelink's sources), else an installed one (pip install .).
 if [ -d "$BIN/python/tilelink" ]; then
   run python_cuda env PYTHONPATH="$BIN/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -s tests/python/test_cuda.py
+  run python_tp_mlp env PYTHONPATH="$BIN/python${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
 elif python3 -c "import tilelink, sys; sys.exit(0 if tilelink.has_cuda else 1)" 2>/dev/null; then
   run python_cuda python3 -m pytest -q -s tests/python/test_cuda.py
+  run python_tp_mlp python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
 else
   echo "SKIP python_cuda (no tilelink package with CUDA: pip install . here, or a built one in $BIN/python)" |
     tee -a "$SUMMARY"

@@ -223,3 +223,15 @@ def test_raw_operand_tuples():
                             [raw(o) for o in out], knobs, 0, True))
     raises(TypeError, "out[1] is not a writable array",
            lambda: w._w.run("gemm_ar", [raw(x) for x in a], [raw(y) for y in b], [raw(out[0]), out[1]], knobs, 0, True))
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_tp_mlp_example(world):
+    """examples/python/tp_mlp_virtual.py (ag_gemm, SiLU-and-mul, gemm_rs) matches float64."""
+    import pathlib
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "tp_mlp_virtual.py"
+    r = subprocess.run([sys.executable, str(example), "--world", str(world), "--backend", "cpu", "--tokens", "77",
+                        "--ffn", str(8 * world * 3), "--iters", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and ": OK" in r.stdout, r.stdout + r.stderr
