@@ -164,17 +164,15 @@ class World:
         else:
             raise TypeError(f"config must be a tilelink.Config, got {type(config).__name__}")
         w = self._w
-        if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)) or len(a) == 0:
-            w.run(op, a, b, out if out is not None else [], knobs, 0)  # raises, naming the argument
         if out is None:
             shapes = w.output_shapes(op, a, b, knobs)  # checks every operand first
             out = [_empty(a[0], s) for s in shapes]
-        elif not isinstance(out, (list, tuple)):
-            w.run(op, a, b, out, knobs, 0)  # raises, naming the argument
         # torch tensors: their fields read here (cheaper than a DLPack export of each), and the
-        # call ordered on torch's current stream
-        first = a[0]
-        if type(first).__module__.startswith("torch"):
+        # call ordered on torch's current stream. Anything else (or no lists at all) goes to the
+        # module as given, which names what is wrong.
+        seqs = (list, tuple)
+        first = a[0] if isinstance(a, seqs) and a else None
+        if isinstance(b, seqs) and isinstance(out, seqs) and type(first).__module__.startswith("torch"):
             t = _torch_state()
             tensor, codes = t["tensor"], t["codes"]
             ra = _torch_operands(a, tensor, codes)

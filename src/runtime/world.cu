@@ -503,6 +503,12 @@ SymmetricView SymmetricBuffer::view(int rank) const {
 
 // ---- completion -------------------------------------------------------------------------------
 
+namespace {
+// How long sync waits, past its deadline, for a trap that the fault record says happened (with
+// processes time-slicing one GPU it took seconds to reach the host).
+constexpr std::chrono::seconds kTrapGrace{5};
+}  // namespace
+
 void World::fail(const char* op, int rank, cudaError_t e) {
   std::ostringstream os;
   os << "op " << op << ": ";
@@ -524,7 +530,8 @@ void World::fail(const char* op, int rank, cudaError_t e) {
       os << "on the device, after " << f.waited_ns * 1e-9 << " s)";
     }
     if (e == cudaErrorNotReady)
-      os << " (the kernel trapped; its error had not reached this process 5 s after the deadline, so the"
+      os << " (the kernel trapped; its error had not reached this process " << kTrapGrace.count()
+         << " s after the deadline, so the"
             " stream may still be busy: this world cannot be destroyed cleanly, the process should exit)";
     else
       os << " (the kernel trapped: " << cudaGetErrorName(e) << "; the device context is lost)";
@@ -585,7 +592,6 @@ std::string release_stream_waits(const World& world, const std::vector<const Wor
 
 void World::sync(const char* op) {
   using clock = std::chrono::steady_clock;
-  constexpr auto kTrapGrace = std::chrono::seconds(5);
   // The device waits trap at the timeout and are reported from their fault record; a stream wait
   // (no device-side bound) is found 1 s later.
   const auto deadline = clock::now() + options_.timeout + std::chrono::seconds(1);

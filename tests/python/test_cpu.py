@@ -6,26 +6,10 @@ import numpy as np
 import pytest
 
 import tilelink
+from reference import reference
 
 OPS = [s["name"] for s in tilelink.ops()]
 TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}
-
-
-def reference(op, a, b, m_split=None):
-    """Float64 outputs of each rank."""
-    world = len(a)
-    a64 = [x.astype(np.float64) for x in a]
-    b64 = [x.astype(np.float64) for x in b]
-    if op == "ag_gemm":
-        full = np.concatenate(a64)
-        return [full @ y.T for y in b64]
-    total = sum(x @ y.T for x, y in zip(a64, b64))
-    if op == "gemm_ar":
-        return [total] * world
-    m = total.shape[0]
-    counts = m_split or [m // world + (1 if r < m % world else 0) for r in range(world)]
-    starts = np.cumsum([0] + list(counts))
-    return [total[starts[r]:starts[r + 1]] for r in range(world)]
 
 
 def operands(op, world, rng, dtype, m=37, n=24, k=40, ragged=True):

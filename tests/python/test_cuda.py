@@ -6,10 +6,12 @@ without a GPU, torch or a CUDA build."""
 import statistics
 import time
 
+import numpy as np
 import pytest
 import torch
 
 import tilelink
+from reference import reference
 
 assert tilelink.has_cuda, "this tilelink was built without CUDA"
 assert torch.cuda.is_available(), "no GPU"
@@ -30,27 +32,14 @@ def operands(op, world, gen, m=512, n=384, k=256):
     return [rand(m, ks[r]) for r in range(world)], [rand(n, ks[r]) for r in range(world)]
 
 
-def reference(op, a, b):
-    world = len(a)
-    a64 = [x.double() for x in a]
-    b64 = [y.double() for y in b]
-    if op == "ag_gemm":
-        full = torch.cat(a64)
-        return [full @ y.T for y in b64]
-    total = sum(x @ y.T for x, y in zip(a64, b64))
-    if op == "gemm_ar":
-        return [total] * world
-    m = total.shape[0]
-    counts = [m // world + (1 if r < m % world else 0) for r in range(world)]
-    out, row = [], 0
-    for c in counts:
-        out.append(total[row:row + c])
-        row += c
-    return out
+def reference_of(op, a, b):
+    """Every rank's float64 output (reference.py) of GPU operands."""
+    return reference(op, [x.double().cpu().numpy() for x in a], [y.double().cpu().numpy() for y in b])
 
 
 def rel_err(got, want):
-    return ((got.double() - want).norm() / max(want.norm().item(), 1e-30)).item()
+    got = got.double().cpu().numpy()
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
 @pytest.fixture(scope="module", params=[1, 2, 4])
@@ -63,7 +52,7 @@ def test_op_matches_reference(world, op):
     gen = torch.Generator(device=DEV).manual_seed(1234 + world.size)
     for call in range(2):
         a, b = operands(op, world.size, gen)
-        want = reference(op, a, b)
+        want = reference_of(op, a, b)
         poisoned = [torch.full(x.shape, float("nan"), dtype=torch.bfloat16, device=DEV) for x in want]
         fused = world.run(op, a, b, path="fused", out=poisoned)
         unfused = world.run(op, a, b, path="unfused")
@@ -81,7 +70,7 @@ def test_op_matches_reference(world, op):
 def test_cuda_graph_replays_fresh_inputs(world, op):
     gen = torch.Generator(device=DEV).manual_seed(99)
     a, b = operands(op, world.size, gen)
-    out = [torch.empty_like(x, dtype=torch.bfloat16) for x in reference(op, a, b)]
+    out = [torch.empty(x.shape, dtype=torch.bfloat16, device=DEV) for x in reference_of(op, a, b)]
     world.run(op, a, b, path="fused", out=out)  # made and warmed outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -95,7 +84,7 @@ def test_cuda_graph_replays_fresh_inputs(world, op):
             o.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        want = reference(op, a, b)
+        want = reference_of(op, a, b)
         for r in range(world.size):
             assert rel_err(out[r], want[r]) < 1e-2, f"replay {replay}, rank {r}"
 

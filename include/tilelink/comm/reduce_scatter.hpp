@@ -85,14 +85,12 @@ struct ReduceScatterPlan {
     return {row, col, min64(band_rows, row0 + rows_r - row), min64(band_cols, n - col)};
   }
 
-  // The signals a band waits for: one per (source, producer tile covering it), numbered
-  // 0 <= w < wait_count(band), peers first (rank+1, ...), own last. wait_at gives the rank whose
-  // field holds it (pull: the source's tile_done; push: this rank's staged) and its slot.
-  TL_HD int wait_count(const Rect& b) const { return world_size * producer.covering(b).count(); }
-  TL_HD void wait_at(const Rect& b, int w, int* holder, int* slot, int* tile) const {
-    wait_at(producer.covering(b), w, holder, slot, tile);
-  }
-  // The same, with the band's covering span computed once (the GPU's lanes each take one w).
+  // The signals a band waits for: one per (source, producer tile of span = producer.covering(band)),
+  // numbered 0 <= w < wait_count(span), peers first (rank+1, ...), own last. wait_at gives the rank
+  // whose field holds it (pull: the source's tile_done; push: this rank's staged) and its slot. The
+  // span is computed once a band: recomputed in each GPU lane's wait it cost the reduce spill
+  // reloads past L1 and ~1.8x its time (bench/notes/runtime.md).
+  TL_HD int wait_count(const TileSpan& span) const { return world_size * span.count(); }
   TL_HD void wait_at(const TileSpan& span, int w, int* holder, int* slot, int* tile) const {
     const int per = span.count(), sn = span.n_end - span.n_begin;
     const int source = peer_at(rank, 1 + w / per, world_size);
@@ -135,8 +133,8 @@ TL_HD_TEMPLATE
 template <class Exec>
 TL_HD void reduce_scatter_item(Exec& x, const ReduceScatterPlan& p, int j, uint64_t epoch, void* c) {
   const Rect b = p.band(j);
-  const TileSpan span = p.producer.covering(b);  // once a band, not once a lane's wait
-  x.wait_each(p.world_size * span.count(),
+  const TileSpan span = p.producer.covering(b);
+  x.wait_each(p.wait_count(span),
               [&](int w, int* holder, int* slot, int* tile) { p.wait_at(span, w, holder, slot, tile); },
               p.wait_field(), epoch, p.wait_name());
   std::byte* out = static_cast<std::byte*>(c) + ((b.row - p.rows.begin(p.rank)) * p.n + b.col) * p.elem_bytes();
