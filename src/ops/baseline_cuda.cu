@@ -6,10 +6,6 @@
 #include <cstring>
 #include <vector>
 
-#if defined(TILELINK_HAS_MPI)
-#include <mpi.h>
-#endif
-
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/error.hpp"
 
@@ -22,22 +18,17 @@ BaselineComm baseline_comm(const World& world) {
     case Transport::kPeer:  // rank r = device r: one GPU per rank by construction
       return BaselineComm::kNccl;
     case Transport::kIpc: {
-#if defined(TILELINK_HAS_MPI)
       // NCCL refuses two ranks on one GPU: compare every rank's GPU UUID.
       const int me = world.local_ranks().front();
       cudaDeviceProp prop{};
       TL_CUDA_CHECK(cudaGetDeviceProperties(&prop, world.device(me)));
       std::vector<cudaUUID_t> all(world.size());
-      TL_REQUIRE(MPI_Allgather(&prop.uuid, sizeof(cudaUUID_t), MPI_BYTE, all.data(), sizeof(cudaUUID_t),
-                               MPI_BYTE, MPI_COMM_WORLD) == MPI_SUCCESS,
-                 "baseline_comm: MPI_Allgather of the GPU UUIDs failed");
+      world.bootstrap().allgather(&prop.uuid, all.data(), sizeof(cudaUUID_t), world.options().timeout,
+                                  "baseline: the exchange of the ranks' GPU UUIDs");
       for (size_t i = 0; i < all.size(); ++i)
         for (size_t j = i + 1; j < all.size(); ++j)
           if (std::memcmp(&all[i], &all[j], sizeof(cudaUUID_t)) == 0) return BaselineComm::kOwn;
       return BaselineComm::kNccl;
-#else
-      TL_REQUIRE(false, "baseline_comm: an ipc world without MPI");
-#endif
     }
   }
   TL_REQUIRE(false, "baseline_comm: unknown transport");

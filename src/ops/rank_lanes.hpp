@@ -7,7 +7,7 @@
 //   cuBLAS handle       on the rank's stream, for the unfused baseline
 //   NCCL communicator   for the unfused baseline's collective, where baseline_comm(world) is kNccl
 //                       (peer: ncclCommInitAll over the world's GPUs; ipc: ncclCommInitRank with
-//                       rank 0's unique id broadcast through MPI); collectives on the rank's stream
+//                       rank 0's unique id broadcast through the bootstrap); collectives on the rank's stream
 #pragma once
 
 #include <cublas_v2.h>
@@ -18,9 +18,6 @@
 #include <string>
 #include <vector>
 
-#if defined(TILELINK_HAS_MPI)
-#include <mpi.h>
-#endif
 
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/error.hpp"
@@ -217,7 +214,6 @@ class RankLanes {
       TL_NCCL_CHECK(ncclCommInitAll(nccl_.data(), W, devices.data()));
       return;
     }
-#if defined(TILELINK_HAS_MPI)
     // ipc: rank 0's unique id, broadcast with its status so that a failure there fails every rank
     // (instead of leaving them in the broadcast or the init).
     const int me = world_.local_ranks().front();
@@ -231,15 +227,11 @@ class RankLanes {
       root.ok = s == ncclSuccess;
       if (!root.ok) why = ncclGetErrorString(s);
     }
-    TL_REQUIRE(MPI_Bcast(&root, sizeof(root), MPI_BYTE, 0, MPI_COMM_WORLD) == MPI_SUCCESS,
-               "NCCL baseline: MPI_Bcast of the NCCL unique id failed");
+    world_.bootstrap().broadcast(&root, sizeof(root), world_.options().timeout,
+                                 "NCCL baseline: the broadcast of rank 0's NCCL unique id");
     TL_REQUIRE(root.ok, "NCCL baseline: ncclGetUniqueId failed on rank 0" << (why.empty() ? "" : ": ") << why);
     world_.bind(me);
     TL_NCCL_CHECK(ncclCommInitRank(&nccl_[me], W, root.id, me));
-#else
-    TL_REQUIRE(false, "NCCL baseline: the " << transport_name(world_.transport())
-                                            << " transport needs MPI; this build has none");
-#endif
   }
 
   World& world_;

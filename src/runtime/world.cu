@@ -1,5 +1,5 @@
 // The CUDA world: transports virtual (green contexts on one GPU), peer (several GPUs, one
-// process) and ipc (one process per rank, CUDA IPC handles through MPI).
+// process) and ipc (one process per rank, CUDA IPC handles through the bootstrap).
 #include "tilelink/runtime/world.hpp"
 
 #include <cstdlib>
@@ -16,33 +16,11 @@
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/error.hpp"
 
-#if defined(TILELINK_HAS_MPI)
-#include <mpi.h>
-#endif
 
 namespace tilelink::cuda {
 
 namespace {
 
-#if defined(TILELINK_HAS_MPI)
-// Waits for a non-blocking MPI operation, bounded: TimeoutError naming `what` and `rank` (-1: none).
-void mpi_wait(MPI_Request* req, std::chrono::milliseconds timeout, const std::string& what, int rank) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int done = 0;;) {
-    MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::ostringstream os;
-      os << "world: ";
-      if (rank >= 0) os << "rank " << rank << ": ";
-      os << what << " did not complete within " << std::chrono::duration<double>(timeout).count()
-         << " s (a peer process is gone, stuck or on another path)";
-      throw TimeoutError(os.str());
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-}
-#endif
 
 }  // namespace
 
@@ -246,42 +224,32 @@ void World::init_peer() {
 }
 
 void World::init_ipc() {
-#if defined(TILELINK_HAS_MPI)
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    TL_REQUIRE(MPI_Init(nullptr, nullptr) == MPI_SUCCESS, "world: MPI_Init failed");
-    std::atexit([] {
-      int fin = 0;
-      MPI_Finalized(&fin);
-      if (!fin) MPI_Finalize();
-    });
-  }
-  int rank = 0, n = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  TL_REQUIRE(n <= kMaxWorldSize, "world: " << n << " MPI ranks, at most " << kMaxWorldSize);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  int local = 0;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_free(&node);
+  if (!options_.bootstrap) options_.bootstrap = mpi_bootstrap();
+  Bootstrap& boot = *options_.bootstrap;
+  const int n = boot.size(), rank = boot.rank();
+  TL_REQUIRE(n >= 1 && n <= kMaxWorldSize, "world: " << n << " processes, at most " << kMaxWorldSize);
+  TL_REQUIRE(rank >= 0 && rank < n, "world: the bootstrap's rank " << rank << " is not in [0, " << n << ")");
   int count = 0;
   TL_CUDA_CHECK(cudaGetDeviceCount(&count));
   TL_REQUIRE(count >= 1, "world: no GPU for the ipc transport");
+  TL_REQUIRE(boot.device() >= 0 && boot.device() < count,
+             "world: rank " << rank << " was given GPU " << boot.device() << " of " << count);
   size_ = n;
   ranks_.resize(n);
   auto rk = std::make_unique<Rank>();
   rk->rank = rank;
-  rk->device = local % count;  // NOTE: ranks share a GPU when there are fewer GPUs than ranks
+  rk->device = boot.device();
   TL_CUDA_CHECK(cudaSetDevice(rk->device));
   TL_CUDA_CHECK(cudaDeviceGetAttribute(&rk->sm_count, cudaDevAttrMultiProcessorCount, rk->device));
   TL_CUDA_CHECK(cudaStreamCreateWithFlags(&rk->stream, cudaStreamNonBlocking));
   ranks_[rank] = std::move(rk);
   local_ranks_.push_back(rank);
-#else
-  TL_REQUIRE(false, "world: the ipc transport needs MPI; this build of tilelink has none");
-#endif
+}
+
+Bootstrap& World::bootstrap() const {
+  TL_REQUIRE(options_.bootstrap, "world: the " << transport_name(options_.transport)
+                                                << " transport is one process; it has no bootstrap");
+  return *options_.bootstrap;
 }
 
 void World::load_registered_kernels() const {
@@ -395,7 +363,6 @@ SymmetricBuffer World::allocate(uint64_t bytes) {
     TL_CUDA_CHECK(cudaMemset(b.bases_[r], 0, n));
     TL_CUDA_CHECK(cudaDeviceSynchronize());
   }
-#if defined(TILELINK_HAS_MPI)
   if (options_.transport == Transport::kIpc) {
     // Every rank's handle and size, then every rank's outcome of opening its peers' handles: a
     // rank whose open fails does not throw alone (its buffer's unwinding barrier would pair with
@@ -408,11 +375,8 @@ SymmetricBuffer World::allocate(uint64_t bytes) {
     TL_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, b.bases_[me]));
     mine.bytes = bytes;
     std::vector<Share> all(size_);
-    MPI_Request req;
-    TL_REQUIRE(MPI_Iallgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, MPI_COMM_WORLD,
-                              &req) == MPI_SUCCESS,
-               "world: MPI_Iallgather of IPC handles failed");
-    mpi_wait(&req, options_.timeout, "the exchange of IPC handles for a symmetric allocation", me);
+    bootstrap().allgather(&mine, all.data(), sizeof(mine), options_.timeout,
+                          "world: the exchange of IPC handles for a symmetric allocation");
     for (int r = 0; r < size_; ++r)
       TL_REQUIRE(all[r].bytes == bytes, "world: symmetric allocation of " << bytes << " bytes on rank " << me
                                            << ", " << all[r].bytes << " on rank " << r
@@ -429,14 +393,12 @@ SymmetricBuffer World::allocate(uint64_t bytes) {
       }
     }
     std::vector<int> oks(size_);
-    TL_REQUIRE(MPI_Iallgather(&ok, 1, MPI_INT, oks.data(), 1, MPI_INT, MPI_COMM_WORLD, &req) == MPI_SUCCESS,
-               "world: MPI_Iallgather of the IPC outcomes failed");
-    mpi_wait(&req, options_.timeout, "the exchange of IPC outcomes for a symmetric allocation", me);
+    bootstrap().allgather(&ok, oks.data(), sizeof(int), options_.timeout,
+                          "world: the exchange of IPC outcomes for a symmetric allocation");
     for (int r = 0; r < size_; ++r)
       TL_REQUIRE(oks[r], "world: rank " << r << " could not map its peers' symmetric buffers"
                                         << (r == me ? " (" + why + ")" : std::string()));
   }
-#endif
   return b;
 }
 
@@ -462,19 +424,14 @@ void SymmetricBuffer::release() noexcept {
   if (!world_) return;
   for (size_t r = 0; r < bases_.size(); ++r)
     if (bases_[r] && !owned_[r]) cudaIpcCloseMemHandle(bases_[r]);
-#if defined(TILELINK_HAS_MPI)
   // Every peer has closed its mapping before the memory goes; bounded (a peer that is gone or
   // stuck must not hang this one's teardown).
   if (world_->transport() == Transport::kIpc) {
-    MPI_Request req;
-    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
-      try {
-        mpi_wait(&req, world_->options().timeout, "the teardown barrier of a symmetric buffer", -1);
-      } catch (const std::exception&) {
-      }
+    try {
+      world_->bootstrap().barrier(world_->options().timeout, "world: the teardown barrier of a symmetric buffer");
+    } catch (const std::exception&) {
     }
   }
-#endif
   for (size_t r = 0; r < bases_.size(); ++r)
     if (bases_[r] && owned_[r]) {
       cudaSetDevice(world_->ranks_[r]->device);
@@ -640,13 +597,8 @@ void World::sync(const char* op) {
 
 void World::barrier(const char* op) {
   sync(op);
-#if defined(TILELINK_HAS_MPI)
-  if (options_.transport == Transport::kIpc) {
-    MPI_Request req;
-    TL_REQUIRE(MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS, "op " << op << ": MPI_Ibarrier failed");
-    mpi_wait(&req, options_.timeout, std::string("the host barrier after op ") + op, local_ranks_.at(0));
-  }
-#endif
+  if (options_.transport == Transport::kIpc)
+    bootstrap().barrier(options_.timeout, std::string("the host barrier after op ") + op);
 }
 
 }  // namespace tilelink::cuda

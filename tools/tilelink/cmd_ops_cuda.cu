@@ -6,7 +6,7 @@
 // Baselines (ops/baseline_cuda.hpp): cuBLAS+NCCL on the peer and ipc transports, cuBLAS + the op's
 // own collective on the virtual one (copy-engine AllGather; SM reduce for the ReduceScatter).
 // ipc (mpirun, one process per rank): every rank checks its own output; errors, checks and times
-// are combined over ranks (max) through MPI, and rank 0 alone prints.
+// are combined over ranks (max) through the world's bootstrap, and rank 0 alone prints.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -17,9 +17,6 @@
 #include <cstring>
 #include <functional>
 
-#if defined(TILELINK_HAS_MPI)
-#include <mpi.h>
-#endif
 
 #include "cli.hpp"
 #include "floor_probe.hpp"
@@ -59,18 +56,14 @@ tlc::Transport pick_transport(const std::string& name, int world) {
 // The rank that prints: rank 0's process (every process holds rank 0 except under ipc).
 bool printer(const tlc::World& world) { return world.local_ranks().front() == 0; }
 
-// The max of x over every rank's process (ipc); x itself where one process drives all ranks.
+// The max of x over every rank's process (ipc, through the world's bootstrap: bounded); x itself
+// where one process drives all ranks.
 double max_over_ranks(const tlc::World& world, double x) {
-#if defined(TILELINK_HAS_MPI)
-  if (world.transport() == tlc::Transport::kIpc) {
-    double all = x;
-    TL_REQUIRE(MPI_Allreduce(&x, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS,
-               "MPI_Allreduce failed");
-    return all;
-  }
-#endif
-  (void)world;
-  return x;
+  if (world.transport() != tlc::Transport::kIpc) return x;
+  std::vector<double> all(world.size());
+  world.bootstrap().allgather(&x, all.data(), sizeof(double), world.options().timeout,
+                              "the combination of the ranks' results");
+  return *std::max_element(all.begin(), all.end());
 }
 bool all_ranks(const tlc::World& world, bool ok) { return max_over_ranks(world, ok ? 0.0 : 1.0) == 0.0; }
 

@@ -4,7 +4,7 @@
 //
 //   virtual  kOwn: NCCL refuses two ranks on one GPU
 //   peer     kNccl: one communicator per rank (ncclCommInitAll)
-//   ipc      kNccl when every rank has its own GPU (ncclCommInitRank, the unique id through MPI);
+//   ipc      kNccl when every rank has its own GPU (ncclCommInitRank, the unique id through the bootstrap);
 //            kOwn when ranks share a GPU (more ranks than GPUs on a node)
 #pragma once
 
@@ -16,7 +16,7 @@ namespace tilelink::cuda {
 
 enum class BaselineComm : uint8_t { kOwn, kNccl };
 
-// Collective under ipc: every rank calls it (the ranks compare their GPUs through MPI).
+// Collective under ipc: every rank calls it (the ranks compare their GPUs through the bootstrap).
 BaselineComm baseline_comm(const World& world);
 
 }  // namespace tilelink::cuda

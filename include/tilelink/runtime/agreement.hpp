@@ -6,7 +6,7 @@
 //
 // One process (virtual, peer) builds every rank's plan from one set of arguments: nothing to
 // exchange. Under ipc (one process per rank) each process was given its own arguments: check()
-// gathers every rank's values through MPI within a deadline (5 s by default), and on every rank
+// gathers every rank's values through the world's bootstrap within a deadline (5 s by default), and on every rank
 // throws an Error naming the first field that differs and the ranks' values, so no rank launches
 // on mismatched plans. It also compares the node (ipc needs one node).
 #pragma once

@@ -15,9 +15,10 @@
 //            rank may spin on another rank's signals. The green contexts of a split are made once
 //            per process and kept (worlds of the same size reuse them: one such world at a time).
 //   peer     one process drives world_size GPUs with peer access (rank r = device r).
-//   ipc      one process per rank, launched by mpirun; this process holds rank = MPI rank on
-//            device (local rank % device count); buffers are exchanged as CUDA IPC handles
-//            through MPI. allocate() is collective. (Built when MPI is found: TILELINK_HAS_MPI.)
+//   ipc      one process per rank; this process holds the bootstrap's rank on its device
+//            (runtime/bootstrap.hpp: MPI under mpirun, torch.distributed under torchrun);
+//            buffers are exchanged as CUDA IPC handles through the bootstrap. allocate() is
+//            collective.
 //
 // Every kernel registered with TL_REGISTER_KERNELS, and every kernel of the program through
 // CUDA_MODULE_LOADING=EAGER (set before the first CUDA call, whatever the environment says), is
@@ -36,6 +37,7 @@
 #include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/core/symmetric.hpp"
 #include "tilelink/prim/signal.hpp"
+#include "tilelink/runtime/bootstrap.hpp"
 
 namespace tilelink::cuda {
 
@@ -45,10 +47,11 @@ bool parse_transport(const std::string& s, Transport* out);
 
 struct WorldOptions {
   Transport transport = Transport::kVirtual;
-  int world_size = 1;  // virtual and peer; ipc takes the MPI world's size
+  int world_size = 1;  // virtual and peer; ipc takes the bootstrap's size
   int device = 0;      // virtual: the GPU
   int sms_per_rank = 0;  // virtual: 0 = an even split of the device
-  std::chrono::milliseconds timeout{20000};  // every device and stream wait
+  std::chrono::milliseconds timeout{20000};  // every device and stream wait, every exchange
+  std::shared_ptr<Bootstrap> bootstrap;      // ipc: how the processes exchange (null: mpi_bootstrap())
 };
 
 class World;
@@ -89,6 +92,8 @@ class World {
   int size() const { return size_; }
   Transport transport() const { return options_.transport; }
   const WorldOptions& options() const { return options_; }
+  // ipc: the processes' exchange (every collective step of the world and its ops goes through it).
+  Bootstrap& bootstrap() const;
   // The narrowest scope that covers every pair of ranks: gpu for virtual, system otherwise.
   Scope scope() const { return options_.transport == Transport::kVirtual ? Scope::kGpu : Scope::kSystem; }
 

@@ -1,14 +1,9 @@
-// Agreement::check: the values of every rank's process gathered through MPI within a deadline
-// (runtime/agreement.hpp).
+// Agreement::check: the values of every rank's process gathered through the world's bootstrap within
+// a deadline (runtime/agreement.hpp).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
-#include <thread>
-
-#if defined(TILELINK_HAS_MPI)
-#include <mpi.h>
-#endif
 
 #include "tilelink/core/error.hpp"
 #include "tilelink/runtime/agreement.hpp"
@@ -27,7 +22,6 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
 
 void Agreement::check(const World& world, std::chrono::milliseconds timeout) const {
   if (world.transport() != Transport::kIpc) return;  // one process: one set of arguments
-#if defined(TILELINK_HAS_MPI)
   struct Digest {
     uint64_t names;  // hash of what_ and every name, in order
     uint64_t node;   // hash of the host name
@@ -44,20 +38,8 @@ void Agreement::check(const World& world, std::chrono::milliseconds timeout) con
   std::memcpy(mine.values, values_.data(), values_.size() * sizeof(int64_t));
   const int W = world.size();
   std::vector<Digest> all(W);
-  MPI_Request req;
-  TL_REQUIRE(MPI_Iallgather(&mine, sizeof(Digest), MPI_BYTE, all.data(), sizeof(Digest), MPI_BYTE, MPI_COMM_WORLD,
-                            &req) == MPI_SUCCESS,
-             what_ << ": MPI_Iallgather of the agreement failed");
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int done = 0;;) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (done) break;
-    if (std::chrono::steady_clock::now() > deadline)
-      throw TimeoutError(what_ + ": rank " + std::to_string(world.local_ranks().front()) +
-                         ": the ranks' agreement exchange did not complete within " +
-                         std::to_string(timeout.count()) + " ms (is every rank making the same op?)");
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  world.bootstrap().allgather(&mine, all.data(), sizeof(Digest), timeout,
+                              what_ + ": the ranks' agreement exchange (is every rank making this op?)");
   for (int r = 0; r < W; ++r) {
     TL_REQUIRE(all[r].node == all[0].node,
                what_ << ": rank " << r << " runs on another node than rank 0; the ipc transport needs one node");
@@ -72,10 +54,6 @@ void Agreement::check(const World& world, std::chrono::milliseconds timeout) con
   }
   const std::string why = mismatch(what_, entries);
   TL_REQUIRE(why.empty(), why);
-#else
-  (void)timeout;
-  TL_REQUIRE(false, what_ << ": the ipc transport needs MPI; this build has none");
-#endif
 }
 
 }  // namespace tilelink::cuda
