@@ -58,17 +58,28 @@ if [ -n "$ipcs" ] && command -v mpirun >/dev/null; then
 else
   echo "SKIP gpu_ipc_* (no binary or no mpirun)" | tee -a "$SUMMARY"
 fi
-# The Python package on the GPU (tests/python/test_cuda.py, torch tensors on virtual ranks): from
-# $BIN/python (a tilelink folder holding the _tilelink module built with CUDA for this machine's
-# python3, e.g. build/ after a CMake build with -DTILELINK_PYTHON=ON, copied beside
-# python/tilelink's sources), else an installed one (pip install .).
+# The Python package on the GPU: tests/python/test_cuda.py (torch tensors on virtual ranks), the
+# virtual-rank MLP example, and under torchrun (two processes, one per GPU where there are two GPUs,
+# else sharing one) tests/python/torchrun_check.py and the MLP example against torch.distributed.
+# From $BIN/python (a tilelink folder holding the _tilelink module built with CUDA for this machine's
+# python3, e.g. build/ after a CMake build with -DTILELINK_PYTHON=ON, copied beside python/tilelink's
+# sources), else an installed one (pip install .).
+py=()
 if [ -d "$BIN/python/tilelink" ]; then
-  run python_cuda env PYTHONPATH="$BIN/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -s tests/python/test_cuda.py
-  run python_tp_mlp env PYTHONPATH="$BIN/python${PYTHONPATH:+:$PYTHONPATH}" \
-    python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
-elif python3 -c "import tilelink, sys; sys.exit(0 if tilelink.has_cuda else 1)" 2>/dev/null; then
-  run python_cuda python3 -m pytest -q -s tests/python/test_cuda.py
-  run python_tp_mlp python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
+  py=(env PYTHONPATH="$BIN/python${PYTHONPATH:+:$PYTHONPATH}")
+fi
+if [ -d "$BIN/python/tilelink" ] ||
+   python3 -c "import tilelink, sys; sys.exit(0 if tilelink.has_cuda else 1)" 2>/dev/null; then
+  torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
+  run python_cuda "${py[@]}" python3 -m pytest -q -s tests/python/test_cuda.py
+  run python_tp_mlp "${py[@]}" python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
+  run python_torchrun "${py[@]}" "${torchrun[@]}" tests/python/torchrun_check.py
+  grep -h "^torchrun_check: " "$LOG/tests.log" | tail -1 >>"$SUMMARY"
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  mlp_args=(--tokens 1024 --hidden 1024 --ffn 2048 --iters 3)  # ranks sharing one GPU: correctness only
+  [ "$gpus" -ge 2 ] && mlp_args=()                              # one GPU each: Llama-3-8B's MLP, timed
+  run python_tp_mlp_torchrun "${py[@]}" "${torchrun[@]}" examples/python/tp_mlp.py "${mlp_args[@]}"
+  grep -h "^tp_mlp: world" "$LOG/tests.log" | tail -2 >>"$SUMMARY"
 else
   echo "SKIP python_cuda (no tilelink package with CUDA: pip install . here, or a built one in $BIN/python)" |
     tee -a "$SUMMARY"

@@ -1,7 +1,8 @@
-// The Python module's CUDA backend (backend.hpp): virtual ranks on one GPU, each op made once per
-// problem by the registry's CUDA adapter, ordered into the caller's stream by events.
+// The Python module's CUDA backend (backend.hpp): virtual ranks on one GPU, or this process's rank
+// of an ipc world (tilelink.init); each op made once per problem by the registry's CUDA adapter,
+// ordered into the caller's stream by events.
 //
-// The ranks run on their own streams (in their green contexts). A call records an event on the
+// The ranks run on their own streams (virtual: in their green contexts). A call records an event on the
 // caller's stream, every rank's stream waits for it, the op is enqueued, and the caller's stream
 // waits for an event recorded on every rank's stream: to the caller the op is one more operation
 // on its stream, capturable with it, and memory the caller's allocator hands out for that stream is
@@ -41,9 +42,11 @@ class ContextGuard {
   CUcontext saved_ = nullptr;
 };
 
-class CudaVirtual final : public CudaBackend {
+class CudaWorld final : public CudaBackend {
  public:
-  CudaVirtual(int world, int device, std::chrono::milliseconds timeout) : device_(device) {
+  // options.device: the GPU of every rank here (virtual) or of this process (ipc).
+  explicit CudaWorld(const tlc::WorldOptions& options) : device_(options.device) {
+    const int device = options.device;
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
@@ -53,26 +56,23 @@ class CudaVirtual final : public CudaBackend {
     ContextGuard keep;
     TL_CUDA_CHECK(cudaSetDevice(device));
     TL_CUDA_CHECK(cudaFree(nullptr));  // the primary context, where the caller's streams live
-    world_ = std::make_unique<tlc::World>(tlc::WorldOptions{.transport = tlc::Transport::kVirtual,
-                                                            .world_size = world,
-                                                            .device = device,
-                                                            .timeout = timeout});
+    world_ = std::make_unique<tlc::World>(options);
     // The caller's event lives in the primary context; each rank's in its green context (an event
     // is recorded only on a stream of its own context; a stream may wait for any context's event).
     TL_CUDA_CHECK(cudaSetDevice(device));
     TL_CUDA_CHECK(cudaEventCreateWithFlags(&called_, cudaEventDisableTiming));
-    done_.resize(world);
-    for (int r = 0; r < world; ++r) {
+    done_.assign(world_->size(), nullptr);
+    for (int r : world_->local_ranks()) {
       world_->bind(r);
       TL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
     }
   }
 
-  ~CudaVirtual() override {
+  ~CudaWorld() override {
     ContextGuard keep;
     ops_.clear();
-    for (size_t r = 0; r < done_.size(); ++r) {
-      world_->bind(static_cast<int>(r));
+    for (int r : world_->local_ranks()) {
+      world_->bind(r);
       cudaEventDestroy(done_[r]);
     }
     cudaSetDevice(device_);
@@ -90,13 +90,13 @@ class CudaVirtual final : public CudaBackend {
     const auto caller = reinterpret_cast<cudaStream_t>(stream);
     TL_CUDA_CHECK(cudaSetDevice(device_));
     TL_CUDA_CHECK(cudaEventRecord(called_, caller));
-    for (int r = 0; r < world_->size(); ++r) {
+    for (int r : world_->local_ranks()) {
       world_->bind(r);
       TL_CUDA_CHECK(cudaStreamWaitEvent(world_->stream(r), called_, 0));
     }
     if (choice.path == OpPath::kUnfused) op.run_unfused(a, b, c);
     else op.run(a, b, c);
-    for (int r = 0; r < world_->size(); ++r) {
+    for (int r : world_->local_ranks()) {
       world_->bind(r);
       TL_CUDA_CHECK(cudaEventRecord(done_[r], world_->stream(r)));
       TL_CUDA_CHECK(cudaStreamWaitEvent(caller, done_[r], 0));
@@ -110,7 +110,7 @@ class CudaVirtual final : public CudaBackend {
     ContextGuard keep;
     cli::CudaOpRun& op = made(spec, p);
     std::string out;
-    for (int r = 0; r < world_->size(); ++r)
+    for (int r : world_->local_ranks())
       out += "rank " + std::to_string(r) + ": " + std::to_string(world_->sm_count(r)) + " SMs, " + op.config(r) + "\n";
     return out;
   }
@@ -150,7 +150,17 @@ int cuda_device_count() {
 }
 
 std::unique_ptr<CudaBackend> make_cuda_virtual(int world, int device, std::chrono::milliseconds timeout) {
-  return std::make_unique<CudaVirtual>(world, device, timeout);
+  return std::make_unique<CudaWorld>(tlc::WorldOptions{
+      .transport = tlc::Transport::kVirtual, .world_size = world, .device = device, .timeout = timeout});
+}
+
+std::unique_ptr<CudaBackend> make_cuda_process(std::shared_ptr<tlc::Bootstrap> boot, std::chrono::milliseconds timeout) {
+  const int device = boot->device();
+  return std::make_unique<CudaWorld>(tlc::WorldOptions{.transport = tlc::Transport::kIpc,
+                                                       .world_size = boot->size(),
+                                                       .device = device,
+                                                       .timeout = timeout,
+                                                       .bootstrap = std::move(boot)});
 }
 
 }  // namespace tilelink::python

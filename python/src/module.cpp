@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 #include "problem.hpp"
 #include "tilelink/backend/cpu/world.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/runtime/bootstrap.hpp"
 
 namespace nb = nanobind;
 
@@ -37,6 +39,9 @@ PyObject* g_error = nullptr;    // tilelink.Error (RuntimeError)
 PyObject* g_timeout = nullptr;  // tilelink.TimeoutError (tilelink.Error)
 
 std::string at(const char* list, int r) { return std::string(list) + "[" + std::to_string(r) + "]"; }
+// An operand's name in messages: a[1] in a world of this process's ranks, plain `a` in a process
+// world (one rank here: the caller passes one array per operand).
+std::string label(const char* list, int r, bool indexed) { return indexed ? at(list, r) : std::string(list); }
 
 std::string dtype_text(nb::dlpack::dtype t) {
   std::string base;
@@ -136,8 +141,9 @@ bool operand_of_tuple(nb::handle item, Operand* o) {
 }
 
 // A list (or tuple) of `world` operands, one per rank: arrays, or with `raw` the torch fast path's
-// tuples. `writable`: outputs (a read-only array is refused).
-std::vector<Operand> operands_of(nb::handle seq, const char* name, int world, bool writable, bool raw) {
+// tuples. `writable`: outputs (a read-only array is refused). `indexed`: named a[r] (else a).
+std::vector<Operand> operands_of(nb::handle seq, const char* name, int world, bool writable, bool raw,
+                                 bool indexed) {
   if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq))
     throw nb::type_error((std::string(name) + " must be a list of arrays, one per rank, got " +
                           nb::type_name(seq.type()).c_str()).c_str());
@@ -160,7 +166,7 @@ std::vector<Operand> operands_of(nb::handle seq, const char* name, int world, bo
       if ((ok = nb::try_cast<InArray>(item, x, /*convert=*/false))) out[i] = operand_of_array(x);
     }
     if (!ok) {
-      const std::string what = at(name, static_cast<int>(i));
+      const std::string what = label(name, static_cast<int>(i), indexed);
       throw nb::type_error((what + " is not " + (writable ? "a writable array" : "an array") +
                             " (a DLPack or buffer-protocol object), got " + nb::type_name(item.type()).c_str())
                                .c_str());
@@ -170,7 +176,9 @@ std::vector<Operand> operands_of(nb::handle seq, const char* name, int world, bo
 }
 
 // Checks one operand: 2-D, row-major dense, on `device`, of `dtype`; its extents.
-cli::Extent2 check_operand(const Operand& x, const std::string& what, int device_type, int device_id, DType dtype) {
+// `first`: the operand whose dtype the others must have (a[0], or a in a process world).
+cli::Extent2 check_operand(const Operand& x, const std::string& what, int device_type, int device_id, DType dtype,
+                           const std::string& first) {
   if (x.device_type != device_type || (device_type == nb::device::cuda::value && x.device_id != device_id))
     throw nb::type_error((what + " is on " + device_text(x.device_type) +
                           (x.device_type == nb::device::cuda::value ? ":" + std::to_string(x.device_id) : "") +
@@ -180,7 +188,7 @@ cli::Extent2 check_operand(const Operand& x, const std::string& what, int device
   if (!x.known_dtype)
     throw nb::type_error((what + " has dtype " + x.dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
   if (x.dtype != dtype)
-    throw nb::type_error((what + " has dtype " + std::string(dtype_name(x.dtype)) + ", a[0] has " +
+    throw nb::type_error((what + " has dtype " + std::string(dtype_name(x.dtype)) + ", " + first + " has " +
                           std::string(dtype_name(dtype)) + ": every operand must have the same dtype")
                              .c_str());
   if (x.ndim != 2)
@@ -199,7 +207,7 @@ cli::Extent2 check_operand(const Operand& x, const std::string& what, int device
 // Refuses outputs that share memory with each other or with an input: ranks write them concurrently,
 // and the fused op reads its inputs while others' outputs fill.
 void check_no_overlap(const std::vector<Operand>& a, const std::vector<Operand>& b, const std::vector<Operand>& c,
-                      int elem) {
+                      int elem, bool indexed) {
   struct Span {
     uintptr_t begin, end;
     std::string name;
@@ -210,9 +218,9 @@ void check_no_overlap(const std::vector<Operand>& a, const std::vector<Operand>&
   };
   std::vector<Span> in, out;
   for (size_t r = 0; r < a.size(); ++r) {
-    in.push_back(span(a[r], at("a", static_cast<int>(r))));
-    in.push_back(span(b[r], at("b", static_cast<int>(r))));
-    out.push_back(span(c[r], at("out", static_cast<int>(r))));
+    in.push_back(span(a[r], label("a", static_cast<int>(r), indexed)));
+    in.push_back(span(b[r], label("b", static_cast<int>(r), indexed)));
+    out.push_back(span(c[r], label("out", static_cast<int>(r), indexed)));
   }
   auto overlap = [](const Span& x, const Span& y) { return x.begin < y.end && y.begin < x.end; };
   for (size_t i = 0; i < out.size(); ++i) {
@@ -243,26 +251,100 @@ int64_t in_range(int64_t v, int64_t lo, int64_t hi, const char* name) {
   return v;
 }
 
+#if defined(TILELINK_HAS_CUDA)
+// The bootstrap of a process world (tilelink.init): every exchange is a call of the Python function
+// `exchange(mine: bytes, timeout_s: float, what: str) -> bytes` (every rank's bytes, in rank order),
+// which tilelink.init makes over a gloo group of torch.distributed. Its errors become tilelink's:
+// a Python TimeoutError or a gloo timeout a TimeoutError naming `what`, anything else an Error.
+class PyBootstrap final : public cuda::Bootstrap {
+ public:
+  PyBootstrap(nb::object exchange, int rank, int size, int device)
+      : exchange_(std::move(exchange)), rank_(rank), size_(size), device_(device) {}
+  ~PyBootstrap() override {
+    nb::gil_scoped_acquire locked;
+    exchange_.reset();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const override { return device_; }
+
+  void allgather(const void* mine, void* all, size_t bytes, std::chrono::milliseconds timeout,
+                 const std::string& what) override {
+    nb::gil_scoped_acquire locked;
+    std::string message;
+    bool timed_out = false;
+    try {
+      nb::object got = exchange_(nb::bytes(mine, bytes), timeout.count() / 1000.0, what);
+      nb::bytes b = nb::cast<nb::bytes>(got);
+      if (b.size() == bytes * size_) {
+        std::memcpy(all, b.c_str(), bytes * size_);
+        return;
+      }
+      message = "the exchange returned " + std::to_string(b.size()) + " bytes, not " + std::to_string(bytes * size_);
+    } catch (nb::python_error& e) {
+      timed_out = e.matches(PyExc_TimeoutError) || e.matches(g_timeout) ||
+                  std::string(e.what()).find("imed out") != std::string::npos;
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    const std::string text = "rank " + std::to_string(rank_) + ": " + what +
+                             (timed_out ? " did not complete within " + std::to_string(timeout.count()) +
+                                              " ms (a peer process is gone, stuck or on another path): "
+                                        : " failed: ") +
+                             message;
+    if (timed_out) throw TimeoutError(text);
+    throw Error(text);
+  }
+
+ private:
+  nb::object exchange_;
+  int rank_, size_, device_;
+};
+#endif
+
 class World {
  public:
+  // W ranks in this process: threads (cpu) or virtual ranks of one GPU (cuda).
   World(int world, const std::string& backend, double timeout_s, int device) : backend_(backend), device_(device) {
     if (world < 1 || world > kMaxWorldSize)
       throw nb::value_error(("world must be in [1, " + std::to_string(kMaxWorldSize) + "], got " + std::to_string(world)).c_str());
-    if (!(timeout_s > 0) || timeout_s > 86400)
-      throw nb::value_error(("timeout must be in (0, 86400] seconds, got " + std::to_string(timeout_s)).c_str());
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeout_s * 1000)));
+    timeout_ = timeout_of(timeout_s);
     if (backend == "cpu") {
-      cpu_ = std::make_unique<cpu::World>(world, timeout);
+      cpu_ = std::make_unique<cpu::World>(world, timeout_);
     } else if (backend == "cuda") {
       if (device < 0) throw nb::value_error(("device must be >= 0, got " + std::to_string(device)).c_str());
-      cuda_ = make_cuda_virtual(world, device, timeout);
+      cuda_ = make_cuda_virtual(world, device, timeout_);
     } else {
       throw nb::value_error(("backend must be 'cpu' or 'cuda', got '" + backend + "'").c_str());
     }
     size_ = world;
+    local_ = world;
+  }
+
+  // One rank of `size` in this process (tilelink.init): its GPU `device`, the other ranks in other
+  // processes reached through `exchange` (PyBootstrap).
+  World(nb::object exchange, int rank, int size, int device, double timeout_s) : backend_("cuda"), device_(device) {
+    if (size < 1 || size > kMaxWorldSize)
+      throw nb::value_error(("world size must be in [1, " + std::to_string(kMaxWorldSize) + "], got " + std::to_string(size)).c_str());
+    if (rank < 0 || rank >= size)
+      throw nb::value_error(("rank must be in [0, " + std::to_string(size) + "), got " + std::to_string(rank)).c_str());
+    if (device < 0) throw nb::value_error(("device must be >= 0, got " + std::to_string(device)).c_str());
+    timeout_ = timeout_of(timeout_s);
+#if defined(TILELINK_HAS_CUDA)
+    boot_ = std::make_shared<PyBootstrap>(std::move(exchange), rank, size, device);
+    cuda_ = make_cuda_process(boot_, timeout_);
+#else
+    (void)exchange;
+    throw Error("tilelink.init: this tilelink was built without CUDA (pip install . where nvcc is found)");
+#endif
+    size_ = size;
+    rank_ = rank;
+    local_ = 1;
   }
 
   int size() const { return size_; }
+  int rank() const { return rank_; }
   // Host time of the last CUDA call's C++ enqueue (the op's run on every rank and the stream
   // ordering), microseconds: what a Python call costs beyond it is the binding's overhead.
   double last_enqueue_us() const { return last_enqueue_us_; }
@@ -273,37 +355,40 @@ class World {
   std::vector<std::pair<int64_t, int64_t>> output_shapes(const std::string& op, nb::handle a, nb::handle b,
                                                          const Knobs& k, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
-    const std::vector<Operand> xa = operands_of(a, "a", size_, false, raw);
-    const std::vector<Operand> xb = operands_of(b, "b", size_, false, raw);
+    const std::vector<Operand> xa = operands_of(a, "a", local_, false, raw, indexed());
+    const std::vector<Operand> xb = operands_of(b, "b", local_, false, raw, indexed());
     const cli::OpProblem p = problem(spec, xa, xb, k);
     std::vector<std::pair<int64_t, int64_t>> out;
-    for (int r = 0; r < size_; ++r) out.emplace_back(spec.c_rows_of(p, r), spec.c_cols(p, r));
+    for (int i = 0; i < local_; ++i) out.emplace_back(spec.c_rows_of(p, rank_of(i)), spec.c_cols(p, rank_of(i)));
     return out;
   }
 
-  // Runs op on every rank; returns the path taken (1 fused, 2 unfused; last_why says why).
-  int run(const std::string& op, nb::handle a_seq, nb::handle b_seq,
-                                          nb::handle out_seq, const Knobs& k, uintptr_t stream, bool raw) {
+  // Runs op on every rank of this process; returns the path taken (1 fused, 2 unfused; last_why
+  // says why).
+  int run(const std::string& op, nb::handle a_seq, nb::handle b_seq, nb::handle out_seq, const Knobs& k,
+          uintptr_t stream, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
-    const std::vector<Operand> a = operands_of(a_seq, "a", size_, false, raw);
-    const std::vector<Operand> b = operands_of(b_seq, "b", size_, false, raw);
-    const std::vector<Operand> c = operands_of(out_seq, "out", size_, true, raw);
+    const std::vector<Operand> a = operands_of(a_seq, "a", local_, false, raw, indexed());
+    const std::vector<Operand> b = operands_of(b_seq, "b", local_, false, raw, indexed());
+    const std::vector<Operand> c = operands_of(out_seq, "out", local_, true, raw, indexed());
     const cli::OpProblem p = problem(spec, a, b, k);
     cli::ConstPtrs pa(size_), pb(size_);
     cli::Ptrs pc(size_);
-    for (int r = 0; r < size_; ++r) {
-      const cli::Extent2 e = check_operand(c[r], at("out", r), device_type(), device_, p.dtype);
+    for (int i = 0; i < local_; ++i) {
+      const int r = rank_of(i);
+      const std::string name = label("out", i, indexed());
+      const cli::Extent2 e = check_operand(c[i], name, device_type(), device_, p.dtype, first_a());
       const int64_t rows = spec.c_rows_of(p, r), cols = spec.c_cols(p, r);
       if (e.rows != rows || e.cols != cols)
-        throw nb::value_error((at("out", r) + " is [" + std::to_string(e.rows) + ", " + std::to_string(e.cols) +
-                               "], " + op + " writes [" + std::to_string(rows) + ", " + std::to_string(cols) +
-                               "] on rank " + std::to_string(r))
+        throw nb::value_error((name + " is [" + std::to_string(e.rows) + ", " + std::to_string(e.cols) + "], " + op +
+                               " writes [" + std::to_string(rows) + ", " + std::to_string(cols) + "] on rank " +
+                               std::to_string(r))
                                   .c_str());
-      pa[r] = a[r].data;
-      pb[r] = b[r].data;
-      pc[r] = const_cast<void*>(c[r].data);
+      pa[r] = a[i].data;
+      pb[r] = b[i].data;
+      pc[r] = const_cast<void*>(c[i].data);
     }
-    check_no_overlap(a, b, c, dtype_size(p.dtype));
+    check_no_overlap(a, b, c, dtype_size(p.dtype), indexed());
     if (cuda_) {
       PathChoice choice;
       {
@@ -337,16 +422,34 @@ class World {
     cuda_->sync();
   }
 
+  // Frees the made ops and the ranks (a process world: collectively, every rank calls it). Further
+  // calls raise.
+  void close() {
+    if (!cpu_ && !cuda_) return;
+    cpu_ops_.clear();
+    cpu_.reset();
+    nb::gil_scoped_release unlocked;  // the teardown's exchanges take the GIL themselves
+    cuda_.reset();
+  }
+
   std::string config(const std::string& op, nb::handle a, nb::handle b, const Knobs& k, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
-    const std::vector<Operand> xa = operands_of(a, "a", size_, false, raw);
-    const std::vector<Operand> xb = operands_of(b, "b", size_, false, raw);
+    const std::vector<Operand> xa = operands_of(a, "a", local_, false, raw, indexed());
+    const std::vector<Operand> xb = operands_of(b, "b", local_, false, raw, indexed());
     const cli::OpProblem p = problem(spec, xa, xb, k);
     if (cuda_) return cuda_->config(spec, p);
     return cli::describe(p);
   }
 
  private:
+  static std::chrono::milliseconds timeout_of(double seconds) {
+    if (!(seconds > 0) || seconds > 86400)
+      throw nb::value_error(("timeout must be in (0, 86400] seconds, got " + std::to_string(seconds)).c_str());
+    return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+  }
+  bool indexed() const { return local_ == size_; }  // every rank here: operands are lists named a[r]
+  int rank_of(int i) const { return indexed() ? i : rank_; }
+  std::string first_a() const { return label("a", 0, indexed()); }
   int device_type() const { return cuda_ ? nb::device::cuda::value : nb::device::cpu::value; }
 
   static const cli::OpSpec& spec_of(const std::string& op) {
@@ -359,39 +462,99 @@ class World {
     return *spec;
   }
 
+  void require_open() const {
+    if (!cpu_ && !cuda_) throw Error("this tilelink world is closed");
+  }
+
   cli::OpProblem problem(const cli::OpSpec& spec, const std::vector<Operand>& a, const std::vector<Operand>& b,
                          const Knobs& k) {
+    require_open();
     if (!a[0].known_dtype)
-      throw nb::type_error(("a[0] has dtype " + a[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
+      throw nb::type_error((first_a() + " has dtype " + a[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
     const DType dtype = a[0].dtype;
     std::vector<cli::Extent2> ea, eb;
-    for (int r = 0; r < size_; ++r) {
-      ea.push_back(check_operand(a[r], at("a", r), device_type(), device_, dtype));
-      eb.push_back(check_operand(b[r], at("b", r), device_type(), device_, dtype));
+    for (int i = 0; i < local_; ++i) {
+      ea.push_back(check_operand(a[i], label("a", i, indexed()), device_type(), device_, dtype, first_a()));
+      eb.push_back(check_operand(b[i], label("b", i, indexed()), device_type(), device_, dtype, first_a()));
     }
     if (cuda_ && dtype != DType::kBF16)
-      throw nb::type_error(("a[0] has dtype " + std::string(dtype_name(dtype)) +
+      throw nb::type_error((first_a() + " has dtype " + std::string(dtype_name(dtype)) +
                             "; the CUDA backend's ops take bfloat16").c_str());
-    cli::OpProblem p = cli::problem_of_operands(spec.name, spec.split_n, backend_, ea, eb, dtype, k.m_split);
     bool known = k.variant == "auto";
     std::string allowed = "'auto'";
     for (const std::string& v : spec.variants) known = known || k.variant == v, allowed += ", '" + v + "'";
     if (!known)
       throw nb::value_error((spec.name + ": variant must be one of " + allowed + ", got '" + k.variant + "'").c_str());
+    OpPath path;
+    if (!parse_op_path(k.path, &path))
+      throw nb::value_error(("path must be 'auto', 'fused' or 'unfused', got '" + k.path + "'").c_str());
+    const int comm_tile = static_cast<int>(k.comm_tile == 0 ? 64 : in_range(k.comm_tile, 1, 1 << 20, "comm_tile"));
+    const int tile_m = static_cast<int>(in_range(k.tile_m, 1, 1 << 20, "tile_m"));
+    const int tile_n = static_cast<int>(in_range(k.tile_n, 1, 1 << 20, "tile_n"));
+    const int comm_workers = static_cast<int>(in_range(k.comm_workers, 1, 1024, "comm_workers"));
+    const int compute_workers = static_cast<int>(in_range(k.compute_workers, 1, 1024, "compute_workers"));
+    const int comm_sms = static_cast<int>(in_range(k.comm_sms, 0, 1024, "comm_sms"));
+    if (!indexed()) exchange_extents(spec, k, dtype, &ea, &eb);
+    cli::OpProblem p = cli::problem_of_operands(spec.name, spec.split_n, backend_, ea, eb, dtype, k.m_split);
     p.variant = k.variant;
     p.mode = k.variant == "push" ? CommMode::kPush : CommMode::kPull;
     p.mode_auto = k.variant == "auto";
-    if (!parse_op_path(k.path, &p.path))
-      throw nb::value_error(("path must be 'auto', 'fused' or 'unfused', got '" + k.path + "'").c_str());
+    p.path = path;
     p.comm_tile_auto = k.comm_tile == 0;
-    p.comm_tile = static_cast<int>(k.comm_tile == 0 ? 64 : in_range(k.comm_tile, 1, 1 << 20, "comm_tile"));
-    p.tile_m = static_cast<int>(in_range(k.tile_m, 1, 1 << 20, "tile_m"));
-    p.tile_n = static_cast<int>(in_range(k.tile_n, 1, 1 << 20, "tile_n"));
-    p.comm_workers = static_cast<int>(in_range(k.comm_workers, 1, 1024, "comm_workers"));
-    p.compute_workers = static_cast<int>(in_range(k.compute_workers, 1, 1024, "compute_workers"));
-    p.comm_sms = static_cast<int>(in_range(k.comm_sms, 0, 1024, "comm_sms"));
+    p.comm_tile = comm_tile;
+    p.tile_m = tile_m;
+    p.tile_n = tile_n;
+    p.comm_workers = comm_workers;
+    p.compute_workers = compute_workers;
+    p.comm_sms = comm_sms;
     p.timeout_ms = 0;  // the world's
     return p;
+  }
+
+  // A process world: every rank's operand extents, gathered once per local problem (this rank's
+  // extents and knobs) and kept; refuses, on every rank, ranks that call another op or with other
+  // knobs, naming the rank and the field. The ranks' calls must pair up in order: a rank whose
+  // local problem is new exchanges, so a call whose shapes change on some ranks only must change
+  // on every rank, or pass the split in Config.m_split.
+  void exchange_extents(const cli::OpSpec& spec, const Knobs& k, DType dtype, std::vector<cli::Extent2>* ea,
+                        std::vector<cli::Extent2>* eb) {
+    struct Share {
+      int64_t a_rows, a_cols, b_rows, b_cols;
+      int64_t fields[7];  // op, dtype, path, variant, comm_tile, comm_sms, m_split: as kFields names them
+    };
+    static constexpr const char* kFields[7] = {"op", "dtype", "path", "variant", "comm_tile", "comm_sms", "m_split"};
+    auto hash = [](const std::string& s) {
+      uint64_t h = 1469598103934665603ull;
+      for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      return static_cast<int64_t>(h >> 1);
+    };
+    std::string split;
+    for (int64_t x : k.m_split) split += std::to_string(x) + ",";
+    Share mine{(*ea)[0].rows, (*ea)[0].cols, (*eb)[0].rows, (*eb)[0].cols,
+               {hash(spec.name), static_cast<int64_t>(dtype), hash(k.path), hash(k.variant), k.comm_tile, k.comm_sms,
+                hash(split)}};
+    std::string key(reinterpret_cast<const char*>(&mine), sizeof(mine));
+    auto it = peers_.find(key);
+    if (it == peers_.end()) {
+      std::vector<Share> all(size_);
+      boot_->allgather(&mine, all.data(), sizeof(Share), timeout_,
+                       spec.name + ": the exchange of the ranks' operand shapes (is every rank calling " + spec.name +
+                           "?)");
+      for (int r = 0; r < size_; ++r)
+        for (int f = 0; f < 7; ++f)
+          if (all[r].fields[f] != mine.fields[f])
+            throw nb::value_error((spec.name + ": rank " + std::to_string(r) + " calls with another " + kFields[f] +
+                                   " than rank " + std::to_string(rank_) +
+                                   " (every rank must make the same call, each with its own operands)")
+                                      .c_str());
+      if (peers_.size() >= kMaxMadeOps) peers_.clear();
+      std::vector<cli::Extent2> x;
+      for (const Share& s : all) x.push_back({s.a_rows, s.a_cols}), x.push_back({s.b_rows, s.b_cols});
+      it = peers_.emplace(key, std::move(x)).first;
+    }
+    ea->clear();
+    eb->clear();
+    for (int r = 0; r < size_; ++r) ea->push_back(it->second[2 * r]), eb->push_back(it->second[2 * r + 1]);
   }
 
   cli::CpuOpRun& cpu_op(const cli::OpSpec& spec, const cli::OpProblem& p) {
@@ -406,11 +569,16 @@ class World {
   std::string backend_;
   int device_ = 0;
   int size_ = 0;
+  int rank_ = 0;   // a process world: this process's rank
+  int local_ = 0;  // ranks in this process (size_, or 1 in a process world)
+  std::chrono::milliseconds timeout_{20000};
   double last_enqueue_us_ = 0;
   std::string last_why_;
   std::unique_ptr<cpu::World> cpu_;
+  std::shared_ptr<cuda::Bootstrap> boot_;  // a process world's
   std::unique_ptr<CudaBackend> cuda_;
   std::map<std::string, std::unique_ptr<cli::CpuOpRun>> cpu_ops_;
+  std::map<std::string, std::vector<cli::Extent2>> peers_;  // a process world: local problem -> every rank's extents
 };
 
 }  // namespace
@@ -481,7 +649,11 @@ NB_MODULE(_tilelink, m) {
   nb::class_<python::World>(m, "World")
       .def(nb::init<int, const std::string&, double, int>(), nb::arg("world"), nb::arg("backend"),
            nb::arg("timeout"), nb::arg("device"))
+      .def(nb::init<nb::object, int, int, int, double>(), nb::arg("exchange"), nb::arg("rank"), nb::arg("size"),
+           nb::arg("device"), nb::arg("timeout"))
       .def_prop_ro("size", &python::World::size)
+      .def_prop_ro("rank", &python::World::rank)
+      .def("close", &python::World::close)
       .def_prop_ro("backend", &python::World::backend)
       .def_prop_ro("device", &python::World::device)
       .def_prop_ro("last_enqueue_us", &python::World::last_enqueue_us)

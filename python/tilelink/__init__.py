@@ -1,9 +1,17 @@
 """tilelink: compute-communication overlapping ops, built from tile-centric primitives.
 
-A world holds every rank's operands in one process: the CPU backend runs its ranks as threads, the
-CUDA backend as virtual ranks on one GPU (its SMs split into green contexts). An op takes a list of
-arrays per operand, one per rank, from any DLPack producer (numpy, torch), and returns one output
-per rank, allocated like the inputs (or written into ``out``)::
+Two kinds of world. Under torchrun, one process per GPU: :func:`init` joins the processes of a
+torch.distributed group, and an op takes this rank's tensors and returns this rank's output::
+
+    torch.distributed.init_process_group("nccl")
+    torch.cuda.set_device(local_rank)
+    tilelink.init()                                   # every rank of the group calls it
+    c = tilelink.ag_gemm(a, b)                        # a: this rank's A_r [M_r, K], b: B_r [N_r, K]
+
+In one process, :func:`virtual` holds every rank's operands: the CPU backend runs its ranks as
+threads, the CUDA backend as virtual ranks on one GPU (its SMs split into green contexts). An op
+takes a list of arrays per operand, one per rank, from any DLPack producer (numpy, torch), and
+returns one output per rank, allocated like the inputs (or written into ``out``)::
 
     import numpy as np, tilelink
     world = tilelink.virtual(world=2, backend="cpu")
@@ -19,13 +27,19 @@ tilelink.TimeoutError naming the op, rank, signal and tile.
 """
 from __future__ import annotations
 
+import atexit
+import builtins
 import dataclasses
-from typing import Any, Optional, Sequence
+import datetime
+import os
+import weakref
+from typing import Any, Callable, Optional, Sequence
 
 from . import _tilelink
 from ._tilelink import Error, TimeoutError  # noqa: F401  (re-exported)
 
-__all__ = ["Config", "Error", "TimeoutError", "World", "has_cuda", "ops", "virtual"]
+__all__ = ["Config", "Error", "ProcessWorld", "TimeoutError", "World", "ag_gemm", "gemm_ar", "gemm_rs", "has_cuda",
+           "init", "ops", "virtual", "world"]
 
 #: Whether this build holds the CUDA backend.
 has_cuda: bool = _tilelink.has_cuda
@@ -122,7 +136,10 @@ class World:
     """W ranks in this process; make one with :func:`virtual`."""
 
     def __init__(self, world: int, backend: str, timeout: float = 20.0, device: int = 0):
-        self._w = _tilelink.World(int(world), backend, float(timeout), int(device))
+        self._bind(_tilelink.World(int(world), backend, float(timeout), int(device)))
+
+    def _bind(self, w: "_tilelink.World") -> None:
+        self._w = w
         self._cuda = self._w.backend == "cuda"
         self._device = self._w.device
         self._last = 0  # the last call's path: 1 fused, 2 unfused (0: none yet)
@@ -187,6 +204,11 @@ class World:
         self._last = w.run(op, a, b, out, knobs, stream)
         return out
 
+    def close(self) -> None:
+        """Frees the world's ops, workspaces and ranks now (a process world: every rank calls it);
+        later calls raise tilelink.Error."""
+        self._w.close()
+
     def synchronize(self) -> None:
         """Waits for every rank's work (CUDA); a wait that ran out of time raises TimeoutError
         naming the op, rank, signal and tile. The CPU backend's calls return when done."""
@@ -242,3 +264,156 @@ def virtual(world: int = 1, backend: str = "auto", timeout: float = 20.0, device
     if backend == "auto":
         backend = "cuda" if has_cuda and _tilelink.cuda_device_count() > 0 else "cpu"
     return World(world, backend, timeout, device)
+
+
+class ProcessWorld(World):
+    """This process's rank of a world of processes (one per GPU); make one with :func:`init`.
+
+    An op takes this rank's operands (one array each, torch CUDA tensors on this rank's GPU) and
+    returns this rank's output. Every rank makes the same calls in the same order, each with its
+    own operands; the first call of a problem exchanges the ranks' shapes through the group (and
+    refuses, on every rank, ranks that call another op or with other options), later calls of the
+    same shapes do not. A rank whose shapes change between calls while another's do not must pass
+    the split in ``Config.m_split`` (K-split ops).
+    """
+
+    def __init__(self, w: "_tilelink.World"):  # noqa: D107  (made by init)
+        self._bind(w)
+
+    @property
+    def rank(self) -> int:
+        return self._w.rank
+
+    def __repr__(self) -> str:
+        return f"tilelink.ProcessWorld(rank={self.rank}, size={self.size}, device={self._w.device})"
+
+    def run(self, op: str, a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = None,
+            out: Optional[Any] = None) -> Any:
+        """Runs `op` with this rank's operands a, b; returns this rank's output (see World.run)."""
+        return World.run(self, op, [a], [b], path=path, config=config, out=None if out is None else [out])[0]
+
+    def config(self, op: str, a: Any, b: Any, *, config: Optional[Config] = None) -> str:
+        return World.config(self, op, [a], [b], config=config)
+
+
+_INIT: Optional[ProcessWorld] = None  # the world of init(), which the module-level ops use
+_OPEN: "weakref.WeakSet[ProcessWorld]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_process_worlds() -> None:
+    # Before the interpreter (and torch.distributed) goes: a world's teardown exchanges with its
+    # peers. A peer already gone only makes the exchange time out.
+    for w in list(_OPEN):
+        try:
+            w.close()
+        except Exception:  # noqa: BLE001  (leaving anyway)
+            pass
+
+
+def _gloo_exchange(group: Any, timeout: float) -> Callable[[bytes, float, str], bytes]:
+    """The module's bootstrap over a gloo group with `group`'s ranks: every rank's bytes, in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(group)
+    gloo = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    size = len(ranks)
+
+    def exchange(mine: bytes, timeout_s: float, what: str) -> bytes:
+        t = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        parts = [torch.empty_like(t) for _ in range(size)]
+        try:
+            work = dist.all_gather(parts, t, group=gloo, async_op=True)
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as e:
+            text = str(e)
+            if "imed out" in text or "timeout" in text.lower():
+                raise builtins.TimeoutError(text) from e
+            raise
+        return b"".join(p.numpy().tobytes() for p in parts)
+
+    return exchange
+
+
+
+
+def init(group: Any = None, *, device: Optional[int] = None, timeout: float = 20.0) -> ProcessWorld:
+    """Joins the processes of a torch.distributed group into one tilelink world (the ipc transport:
+    one process per rank, CUDA IPC between them); the module-level ops (``tilelink.ag_gemm``...)
+    then run on it. Collective: every process of the default group calls it (it makes a gloo group
+    for its exchanges: IPC handles, each op's agreement, barriers).
+
+    group: the torch.distributed group (None: the default group); its rank order is the world's.
+    device: this rank's GPU; None takes ``LOCAL_RANK`` (torchrun sets it) modulo the visible GPUs,
+        else torch's current device. The operands must live there.
+    timeout: the bound, in seconds, of every wait and exchange; one that runs out raises
+        TimeoutError on the rank that waited.
+    """
+    global _INIT
+    if not has_cuda:
+        raise Error("tilelink.init: this tilelink was built without CUDA (pip install . where nvcc is found)")
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("tilelink.init: torch.distributed is not initialised: call "
+                           "torch.distributed.init_process_group() first (torchrun sets its environment)")
+    if group is None:
+        group = dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("tilelink.init: this process is not a member of group")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise Error("tilelink.init: no GPU is visible to this process")
+    if device is None:
+        local = os.environ.get("LOCAL_RANK")
+        device = int(local) % count if local is not None else torch.cuda.current_device()
+    if not 0 <= int(device) < count:
+        raise ValueError(f"tilelink.init: device {device} does not exist ({count} visible)")
+    exchange = _gloo_exchange(group, float(timeout))
+    w = ProcessWorld(_tilelink.World(exchange, rank, size, int(device), float(timeout)))
+    _OPEN.add(w)
+    _INIT = w
+    return w
+
+
+def world() -> ProcessWorld:
+    """The world of the last :func:`init`."""
+    if _INIT is None:
+        raise RuntimeError("tilelink.init() has not been called in this process (or use tilelink.virtual)")
+    return _INIT
+
+
+def ag_gemm(a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = None, out: Optional[Any] = None) -> Any:
+    """AllGather + GEMM on the world of :func:`init`: a = this rank's A_r [M_r, K], b = B_r [N_r, K];
+    returns C_r = AllGather(A) B_r^T [M, N_r]."""
+    return world().run("ag_gemm", a, b, path=path, config=config, out=out)
+
+
+def gemm_rs(a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = None, out: Optional[Any] = None) -> Any:
+    """GEMM + ReduceScatter on the world of :func:`init`: a = A_r [M, K_r], b = B_r [N, K_r]; returns
+    this rank's rows of sum_i A_i B_i^T."""
+    return world().run("gemm_rs", a, b, path=path, config=config, out=out)
+
+
+def gemm_ar(a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = None, out: Optional[Any] = None) -> Any:
+    """GEMM + AllReduce on the world of :func:`init`: a = A_r [M, K_r], b = B_r [N, K_r]; returns
+    sum_i A_i B_i^T [M, N]."""
+    return world().run("gemm_ar", a, b, path=path, config=config, out=out)
+
+
+def _add_op_function(name: str, summary: str) -> None:
+    def function(a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = None,
+                 out: Optional[Any] = None) -> Any:
+        return world().run(name, a, b, path=path, config=config, out=out)
+
+    function.__name__ = name
+    function.__doc__ = f"{summary}, on the world of init(). See ProcessWorld.run."
+    globals()[name] = function
+
+
+for _spec in _tilelink.ops():
+    if _spec["name"] not in globals():
+        _add_op_function(_spec["name"], _spec["summary"])

@@ -172,6 +172,26 @@ def test_cuda_backend_without_cuda():
     raises(tilelink.Error, "this tilelink was built without CUDA", lambda: tilelink.virtual(2, backend="cuda"))
     assert tilelink.virtual(2).backend == "cpu"  # auto
     assert issubclass(tilelink.TimeoutError, tilelink.Error) and issubclass(tilelink.Error, RuntimeError)
+    raises(tilelink.Error, "tilelink.init: this tilelink was built without CUDA", tilelink.init)
+
+
+def test_process_world_before_init():
+    """The module-level ops run on init()'s world; before it they say so."""
+    x = np.zeros((4, 4), np.float32)
+    for call in (lambda: tilelink.ag_gemm(x, x), lambda: tilelink.gemm_rs(x, x), lambda: tilelink.gemm_ar(x, x),
+                 tilelink.world):
+        raises(RuntimeError, "tilelink.init() has not been called", call)
+    for name in OPS:
+        assert callable(getattr(tilelink, name))
+
+
+def test_closed_world():
+    w = tilelink.virtual(2, backend="cpu")
+    a, b = operands("gemm_ar", 2, np.random.default_rng(5), np.float32)
+    w.gemm_ar(a, b)
+    w.close()
+    w.close()  # twice is fine
+    raises(tilelink.Error, "this tilelink world is closed", lambda: w.gemm_ar(a, b))
 
 
 def test_readme_example():

@@ -1,0 +1,166 @@
+"""The Python package under torchrun: one process per rank, tilelink.init over torch.distributed.
+
+    torchrun --nproc-per-node 2 tests/python/torchrun_check.py
+
+Every rank builds every rank's operands from one seed (so it holds the whole float64 reference
+without communicating) and checks its own output of every registered op, fused and unfused, into
+poisoned outputs; then a CUDA-graph capture replayed on fresh inputs, the refusals of ranks that
+disagree (another option, another K) on every rank, a local refusal, and the host time a call adds
+over the C++ enqueue. Ranks may share a GPU (more processes than GPUs): the ops then run correctly
+but slowly (the GPU time-slices the processes' spinning kernels). Exits non-zero on any failure;
+rank 0 prints the summary.
+"""
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tilelink  # noqa: E402
+from reference import reference  # noqa: E402
+
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print(f"rank {dist.get_rank()}: FAIL {what}", flush=True)
+
+
+def operands(op, world, seed, m=384, n=256, k=192):
+    """Every rank's bf16 A_r, B_r on the CPU (ragged; rank 1 without rows for ag_gemm)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(rows, cols):
+        return (torch.rand(rows, cols, generator=gen) * 2 - 1).to(torch.bfloat16)
+    if op == "ag_gemm":
+        rows = [m // world + (m // world if r == 0 else 0) - (m // world if r == 1 else 0) for r in range(world)]
+        cols = [n // world + 8 * (r % 2) for r in range(world)]
+        return [rand(rows[r], k) for r in range(world)], [rand(cols[r], k) for r in range(world)]
+    ks = [k // world + 8 * (r % 2) for r in range(world)]
+    return [rand(m, ks[r]) for r in range(world)], [rand(n, ks[r]) for r in range(world)]
+
+
+def rel_err(got, want):
+    got = got.double().cpu().numpy()
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def expect(exc, pattern, fn, what):
+    try:
+        fn()
+    except exc as e:
+        check(re.search(pattern, str(e)) is not None, f"{what}: message {str(e)!r} lacks {pattern!r}")
+        return
+    except Exception as e:  # noqa: BLE001
+        check(False, f"{what}: raised {type(e).__name__}: {e}")
+        return
+    check(False, f"{what}: nothing raised")
+
+
+def refuse_disagreeing_ranks(rank, dev):
+    """Ranks that disagree are refused on every rank, naming the rank and the field."""
+    a, b = operands("ag_gemm", dist.get_world_size(), seed=3)
+    tile = 64 if rank == 0 else 128
+    expect(ValueError, r"rank [01] calls with another comm_tile than rank [01]",
+           lambda: tilelink.ag_gemm(a[rank].to(dev), b[rank].to(dev), path="fused",
+                                    config=tilelink.Config(comm_tile=tile)), "ranks with other options")
+    k = 192 if rank != 1 else 200
+    expect(ValueError, r"ag_gemm: a\[1\] \[64, 200\] has K = 200, a\[0\] has K = 192",
+           lambda: tilelink.ag_gemm(torch.zeros(64, k, dtype=torch.bfloat16, device=dev),
+                                    torch.zeros(64, k, dtype=torch.bfloat16, device=dev)), "ranks with another K")
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    w = tilelink.init(timeout=30.0)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    check(w.rank == rank and w.size == size and tilelink.world() is w, "init: rank, size, world()")
+
+    for op in [s["name"] for s in tilelink.ops()]:
+        for call in range(2):  # a made op is reused: fresh inputs on the second call
+            a, b = operands(op, size, seed=100 * call + len(op))
+            want = reference(op, [x.double().numpy() for x in a], [y.double().numpy() for y in b])[rank]
+            mine_a, mine_b = a[rank].to(dev), b[rank].to(dev)
+            poisoned = torch.full(want.shape, float("nan"), dtype=torch.bfloat16, device=dev)
+            fused = getattr(tilelink, op)(mine_a, mine_b, path="fused", out=poisoned)
+            unfused = w.run(op, mine_a, mine_b, path="unfused")
+            torch.cuda.synchronize()
+            w.synchronize()
+            check(fused is poisoned and not torch.isnan(fused).any(), f"{op} call {call}: unwritten output")
+            err = rel_err(fused, want)
+            check(err < 1e-2, f"{op} call {call}: error {err:.2e} against float64")
+            check(torch.equal(fused, unfused), f"{op} call {call}: fused differs from unfused")
+
+    # A CUDA graph captured once, replayed on fresh inputs copied into the captured tensors.
+    a, b = operands("gemm_rs", size, seed=7)
+    ga, gb = a[rank].to(dev), b[rank].to(dev)
+    out = tilelink.gemm_rs(ga, gb, path="fused")  # made and warmed outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tilelink.gemm_rs(ga, gb, path="fused", out=out)
+    for replay in range(3):
+        fa, fb = operands("gemm_rs", size, seed=1000 + replay)
+        ga.copy_(fa[rank])
+        gb.copy_(fb[rank])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference("gemm_rs", [x.double().numpy() for x in fa], [y.double().numpy() for y in fb])[rank]
+        err = rel_err(out, want)
+        check(not torch.isnan(out).any() and err < 1e-2, f"graph replay {replay}: error {err:.2e}")
+    del graph
+    torch.cuda.synchronize()
+
+    # Refusals. Local ones name the argument without any exchange; ranks that disagree are refused
+    # on every rank, naming the rank and the field.
+    x = torch.zeros(64, 64, dtype=torch.float16, device=dev)
+    expect(TypeError, r"^a has dtype fp16; the CUDA backend's ops take bfloat16", lambda: tilelink.ag_gemm(x, x),
+           "a local dtype refusal")
+    if size > 1:
+        refuse_disagreeing_ranks(rank, dev)
+
+    # The host time a call adds over the C++ enqueue (median over calls; the GPU work overlaps).
+    a, b = operands("gemm_ar", size, seed=11)
+    ca, cb = a[rank].to(dev), b[rank].to(dev)
+    out = tilelink.gemm_ar(ca, cb)
+    extra = []
+    for i in range(200):
+        t0 = time.perf_counter()
+        tilelink.gemm_ar(ca, cb, out=out)
+        extra.append((time.perf_counter() - t0) * 1e6 - w._w.last_enqueue_us)
+        if i % 50 == 49:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    w.synchronize()
+    overhead = statistics.median(extra)
+    check(overhead < 10.0, f"a Python call adds {overhead:.1f} us over the C++ enqueue (bound 10 us)")
+
+    ok = torch.tensor([len(failures)], dtype=torch.int64)
+    dist.all_reduce(ok)
+    if rank == 0:
+        print(f"torchrun_check: world {size} on {torch.cuda.device_count()} GPU(s): host time over the C++ "
+              f"enqueue {overhead:.1f} us (rank 0, median of 200); {int(ok.item())} failure(s) over all ranks",
+              flush=True)
+    w.close()
+    dist.destroy_process_group()
+    return 0 if ok.item() == 0 else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        sys.exit(1)
