@@ -27,6 +27,8 @@ class CudaBackend {
   // Waits for every rank's work (of this process); a wait on the device that ran out of time becomes TimeoutError
   // naming the op, rank, signal and tile (World::sync).
   virtual void sync() = 0;
+  // After an error this rank's peers may not see: stops every rank's device waits (World::stop_peers).
+  virtual void stop_peers() = 0;
   // The op's configuration for p: one line per rank (engine tile, SMs, comm method).
   virtual std::string config(const cli::OpSpec& spec, const cli::OpProblem& p) = 0;
 };

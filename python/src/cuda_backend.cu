@@ -106,6 +106,11 @@ class CudaWorld final : public CudaBackend {
 
   void sync() override { world_->sync("python call"); }
 
+  void stop_peers() override {
+    ContextGuard keep;
+    world_->stop_peers();
+  }
+
   std::string config(const cli::OpSpec& spec, const cli::OpProblem& p) override {
     ContextGuard keep;
     cli::CudaOpRun& op = made(spec, p);

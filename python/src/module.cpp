@@ -324,7 +324,10 @@ class World {
 
   // One rank of `size` in this process (tilelink.init): its GPU `device`, the other ranks in other
   // processes reached through `exchange` (PyBootstrap).
-  World(nb::object exchange, int rank, int size, int device, double timeout_s) : backend_("cuda"), device_(device) {
+  // stop_on_error: a call that fails on this rank alone stops every rank's device waits
+  // (World::stop_peers), so the peers raise within milliseconds naming this rank.
+  World(nb::object exchange, int rank, int size, int device, double timeout_s, bool stop_on_error)
+      : backend_("cuda"), device_(device), stop_on_error_(stop_on_error) {
     if (size < 1 || size > kMaxWorldSize)
       throw nb::value_error(("world size must be in [1, " + std::to_string(kMaxWorldSize) + "], got " + std::to_string(size)).c_str());
     if (rank < 0 || rank >= size)
@@ -354,6 +357,30 @@ class World {
 
   std::vector<std::pair<int64_t, int64_t>> output_shapes(const std::string& op, nb::handle a, nb::handle b,
                                                          const Knobs& k, bool raw) {
+    return guarded([&] { return output_shapes_here(op, a, b, k, raw); });
+  }
+
+ private:
+  // A process world: an error of this rank alone (not a refusal every rank raised alike) stops the
+  // peers' waits when stop_on_error is set (their calls may already wait for this rank); the world
+  // is then unusable on every rank.
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    if (indexed()) return f();
+    agreed_refusal_ = false;
+    try {
+      return f();
+    } catch (...) {
+      if (stop_on_error_ && !agreed_refusal_ && cuda_) {
+        nb::gil_scoped_release unlocked;
+        cuda_->stop_peers();
+      }
+      throw;
+    }
+  }
+
+  std::vector<std::pair<int64_t, int64_t>> output_shapes_here(const std::string& op, nb::handle a, nb::handle b,
+                                                              const Knobs& k, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
     const std::vector<Operand> xa = operands_of(a, "a", local_, false, raw, indexed());
     const std::vector<Operand> xb = operands_of(b, "b", local_, false, raw, indexed());
@@ -363,10 +390,18 @@ class World {
     return out;
   }
 
+ public:
+
   // Runs op on every rank of this process; returns the path taken (1 fused, 2 unfused; last_why
   // says why).
   int run(const std::string& op, nb::handle a_seq, nb::handle b_seq, nb::handle out_seq, const Knobs& k,
           uintptr_t stream, bool raw) {
+    return guarded([&] { return run_here(op, a_seq, b_seq, out_seq, k, stream, raw); });
+  }
+
+ private:
+  int run_here(const std::string& op, nb::handle a_seq, nb::handle b_seq, nb::handle out_seq, const Knobs& k,
+               uintptr_t stream, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
     const std::vector<Operand> a = operands_of(a_seq, "a", local_, false, raw, indexed());
     const std::vector<Operand> b = operands_of(b_seq, "b", local_, false, raw, indexed());
@@ -414,6 +449,8 @@ class World {
     return fused ? 1 : 2;
   }
 
+
+ public:
   // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
   // are synchronous already.
   void synchronize() {
@@ -495,7 +532,13 @@ class World {
     const int compute_workers = static_cast<int>(in_range(k.compute_workers, 1, 1024, "compute_workers"));
     const int comm_sms = static_cast<int>(in_range(k.comm_sms, 0, 1024, "comm_sms"));
     if (!indexed()) exchange_extents(spec, k, dtype, &ea, &eb);
-    cli::OpProblem p = cli::problem_of_operands(spec.name, spec.split_n, backend_, ea, eb, dtype, k.m_split);
+    cli::OpProblem p;
+    try {
+      p = cli::problem_of_operands(spec.name, spec.split_n, backend_, ea, eb, dtype, k.m_split);
+    } catch (...) {
+      agreed_refusal_ = !indexed();  // every rank checks the same exchanged extents: all refuse alike
+      throw;
+    }
     p.variant = k.variant;
     p.mode = k.variant == "push" ? CommMode::kPush : CommMode::kPull;
     p.mode_auto = k.variant == "auto";
@@ -542,11 +585,13 @@ class World {
                            "?)");
       for (int r = 0; r < size_; ++r)
         for (int f = 0; f < 7; ++f)
-          if (all[r].fields[f] != mine.fields[f])
+          if (all[r].fields[f] != mine.fields[f]) {
+            agreed_refusal_ = true;
             throw nb::value_error((spec.name + ": rank " + std::to_string(r) + " calls with another " + kFields[f] +
                                    " than rank " + std::to_string(rank_) +
                                    " (every rank must make the same call, each with its own operands)")
                                       .c_str());
+          }
       if (peers_.size() >= kMaxMadeOps) peers_.clear();
       std::vector<cli::Extent2> x;
       for (const Share& s : all) x.push_back({s.a_rows, s.a_cols}), x.push_back({s.b_rows, s.b_cols});
@@ -571,6 +616,8 @@ class World {
   int size_ = 0;
   int rank_ = 0;   // a process world: this process's rank
   int local_ = 0;  // ranks in this process (size_, or 1 in a process world)
+  bool stop_on_error_ = true;    // a process world: stop the peers after an error of this rank alone
+  bool agreed_refusal_ = false;  // the current call's error is one every rank raises alike
   std::chrono::milliseconds timeout_{20000};
   double last_enqueue_us_ = 0;
   std::string last_why_;
@@ -649,8 +696,8 @@ NB_MODULE(_tilelink, m) {
   nb::class_<python::World>(m, "World")
       .def(nb::init<int, const std::string&, double, int>(), nb::arg("world"), nb::arg("backend"),
            nb::arg("timeout"), nb::arg("device"))
-      .def(nb::init<nb::object, int, int, int, double>(), nb::arg("exchange"), nb::arg("rank"), nb::arg("size"),
-           nb::arg("device"), nb::arg("timeout"))
+      .def(nb::init<nb::object, int, int, int, double, bool>(), nb::arg("exchange"), nb::arg("rank"),
+           nb::arg("size"), nb::arg("device"), nb::arg("timeout"), nb::arg("stop_on_error"))
       .def_prop_ro("size", &python::World::size)
       .def_prop_ro("rank", &python::World::rank)
       .def("close", &python::World::close)

@@ -338,7 +338,8 @@ def _gloo_exchange(group: Any, timeout: float) -> Callable[[bytes, float, str], 
 
 
 
-def init(group: Any = None, *, device: Optional[int] = None, timeout: float = 20.0) -> ProcessWorld:
+def init(group: Any = None, *, device: Optional[int] = None, timeout: float = 20.0,
+         stop_on_error: bool = True) -> ProcessWorld:
     """Joins the processes of a torch.distributed group into one tilelink world (the ipc transport:
     one process per rank, CUDA IPC between them); the module-level ops (``tilelink.ag_gemm``...)
     then run on it. Collective: every process of the default group calls it (it makes a gloo group
@@ -349,6 +350,11 @@ def init(group: Any = None, *, device: Optional[int] = None, timeout: float = 20
         else torch's current device. The operands must live there.
     timeout: the bound, in seconds, of every wait and exchange; one that runs out raises
         TimeoutError on the rank that waited.
+    stop_on_error: when a call fails on this rank alone (a refusal of its own operands, a failure
+        while enqueueing), its peers' device waits are stopped, so their calls raise
+        tilelink.TimeoutError naming this rank within milliseconds instead of at their timeout;
+        the world is then unusable on every rank. Refusals every rank raises alike (ranks that
+        call another op or with other options) stop nothing.
     """
     global _INIT
     if not has_cuda:
@@ -373,7 +379,7 @@ def init(group: Any = None, *, device: Optional[int] = None, timeout: float = 20
     if not 0 <= int(device) < count:
         raise ValueError(f"tilelink.init: device {device} does not exist ({count} visible)")
     exchange = _gloo_exchange(group, float(timeout))
-    w = ProcessWorld(_tilelink.World(exchange, rank, size, int(device), float(timeout)))
+    w = ProcessWorld(_tilelink.World(exchange, rank, size, int(device), float(timeout), bool(stop_on_error)))
     _OPEN.add(w)
     _INIT = w
     return w

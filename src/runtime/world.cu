@@ -475,7 +475,8 @@ void World::fail(const char* op, int rank, cudaError_t e) {
       os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9
          << " s waiting for a bulk copy into shared-memory stage " << f.slot;
     } else if (f.kind == 2) {
-      os << "rank " << f.stopped_by << " faulted (its own process reports what it waited on); rank " << f.rank
+      os << "rank " << f.stopped_by << " stopped the world (a fault on its device or an error in its host code; "
+         << "its own process reports it); rank " << f.rank
          << " stopped waiting on " << signal_field_name(static_cast<SignalField>(f.field)) << "[" << f.slot
          << "] of rank " << f.owner << " after " << f.waited_ns * 1e-9 << " s: expected >= " << f.expected
          << ", observed " << f.observed;
@@ -593,6 +594,32 @@ void World::sync(const char* op) {
     }
   }
   stream_waits_.clear();
+}
+
+void World::stop_peers() noexcept {
+  if (local_ranks_.empty() || stop_tables_.empty()) return;
+  const int me = local_ranks_.front();
+  const unsigned int word = 1u + static_cast<unsigned int>(me);
+  try {
+    bind(me);
+    cudaStream_t s = create_stream(me);  // not the rank's stream: it may hold a spinning kernel
+    for (int r = 0; r < size_; ++r) {
+      auto* addr = static_cast<unsigned int*>(stops_.base(r));
+      unsigned int seen = 1;
+      if (cudaMemcpyAsync(&seen, addr, sizeof(seen), cudaMemcpyDeviceToHost, s) != cudaSuccess) break;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (cudaStreamQuery(s) != cudaSuccess) break;
+      if (seen == 0) cudaMemcpyAsync(addr, &word, sizeof(word), cudaMemcpyHostToDevice, s);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    cudaStreamDestroy(s);
+  } catch (const std::exception&) {
+  }
+  cudaGetLastError();  // nothing of this best effort is left for the caller's next check
 }
 
 void World::barrier(const char* op) {

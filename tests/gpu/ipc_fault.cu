@@ -55,8 +55,9 @@ int main(int argc, char** argv) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string m = e.what();
       const std::string want = me == 0 ? "rank 0 timed out waiting on ready[0] of rank 0"
-                                       : "rank 0 faulted (its own process reports what it waited on); rank 1 "
-                                         "stopped waiting on ready[1] of rank 0";
+                                       : "rank 0 stopped the world (a fault on its device or an error in its host "
+                                         "code; its own process reports it); rank 1 stopped waiting on ready[1] of "
+                                         "rank 0";
       const bool ok = m.find(want) != std::string::npos && s < 10;
       std::printf("ipc_fault rank %d: %s after %.2f s: %s\n", me, ok ? "stopped" : "WRONG", s, m.c_str());
       failures += !ok;

@@ -5,8 +5,9 @@
 Every rank builds every rank's operands from one seed (so it holds the whole float64 reference
 without communicating) and checks its own output of every registered op, fused and unfused, into
 poisoned outputs; then a CUDA-graph capture replayed on fresh inputs, the refusals of ranks that
-disagree (another option, another K) on every rank, a local refusal, and the host time a call adds
-over the C++ enqueue. Ranks may share a GPU (more processes than GPUs): the ops then run correctly
+disagree (another option, another K) on every rank, the host time a call adds over the C++
+enqueue, and last a fault: rank 0 refuses its own operand while the others call, and their calls
+must stop, naming rank 0, long before the timeout. Ranks may share a GPU (more processes than GPUs): the ops then run correctly
 but slowly (the GPU time-slices the processes' spinning kernels). Exits non-zero on any failure;
 rank 0 prints the summary.
 """
@@ -26,6 +27,9 @@ import tilelink  # noqa: E402
 from reference import reference  # noqa: E402
 
 failures = []
+# The calls of the overhead and fault tests: fused with the comm program on SMs, whose waits are all
+# device waits (the copy engine's stream waits cannot poll the stop words).
+SM_FUSED = {"path": "fused", "config": tilelink.Config(comm_sms=16)}
 
 
 def check(ok, what):
@@ -78,6 +82,29 @@ def refuse_disagreeing_ranks(rank, dev):
                                     torch.zeros(64, k, dtype=torch.bfloat16, device=dev)), "ranks with another K")
 
 
+def stop_on_a_local_refusal(rank, size, dev):
+    """Rank 0 passes an fp16 operand (refused on rank 0 alone) while its peers call with good
+    operands of a problem already made (no exchange): rank 0 raises TypeError naming `a` and stops
+    its peers, whose waits must raise tilelink.TimeoutError naming rank 0, long before the 30 s
+    timeout. Returns the slowest rank's seconds from its call to its error. Leaves the world unusable."""
+    a, b = operands("gemm_ar", size, seed=11)
+    good_a, good_b = a[rank].to(dev), b[rank].to(dev)
+    dist.all_reduce(torch.zeros(1))  # every rank here (gloo, host)
+    t0 = time.perf_counter()
+    if rank == 0:
+        expect(TypeError, r"^a has dtype fp16; the CUDA backend's ops take bfloat16",
+               lambda: tilelink.gemm_ar(good_a.half(), good_b.half(), **SM_FUSED), "rank 0's local refusal")
+    else:
+        def call_and_wait():
+            tilelink.gemm_ar(good_a, good_b, **SM_FUSED)
+            tilelink.world().synchronize()
+        expect(tilelink.TimeoutError, r"rank 0 stopped the world", call_and_wait, f"rank {rank} stopped by rank 0")
+    took = torch.tensor([time.perf_counter() - t0])
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    check(took.item() < 10.0, f"the peers stopped after {took.item():.2f} s (bound 10 s, timeout 30 s)")
+    return float(took.item())
+
+
 def main():
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -123,22 +150,18 @@ def main():
     del graph
     torch.cuda.synchronize()
 
-    # Refusals. Local ones name the argument without any exchange; ranks that disagree are refused
-    # on every rank, naming the rank and the field.
-    x = torch.zeros(64, 64, dtype=torch.float16, device=dev)
-    expect(TypeError, r"^a has dtype fp16; the CUDA backend's ops take bfloat16", lambda: tilelink.ag_gemm(x, x),
-           "a local dtype refusal")
+    # Ranks that disagree are refused on every rank, naming the rank and the field.
     if size > 1:
         refuse_disagreeing_ranks(rank, dev)
 
     # The host time a call adds over the C++ enqueue (median over calls; the GPU work overlaps).
     a, b = operands("gemm_ar", size, seed=11)
     ca, cb = a[rank].to(dev), b[rank].to(dev)
-    out = tilelink.gemm_ar(ca, cb)
+    out = tilelink.gemm_ar(ca, cb, **SM_FUSED)
     extra = []
     for i in range(200):
         t0 = time.perf_counter()
-        tilelink.gemm_ar(ca, cb, out=out)
+        tilelink.gemm_ar(ca, cb, out=out, **SM_FUSED)
         extra.append((time.perf_counter() - t0) * 1e6 - w._w.last_enqueue_us)
         if i % 50 == 49:
             torch.cuda.synchronize()
@@ -147,15 +170,17 @@ def main():
     overhead = statistics.median(extra)
     check(overhead < 10.0, f"a Python call adds {overhead:.1f} us over the C++ enqueue (bound 10 us)")
 
+    stop_seconds = stop_on_a_local_refusal(rank, size, dev) if size > 1 else 0.0
+
     ok = torch.tensor([len(failures)], dtype=torch.int64)
     dist.all_reduce(ok)
     if rank == 0:
         print(f"torchrun_check: world {size} on {torch.cuda.device_count()} GPU(s): host time over the C++ "
-              f"enqueue {overhead:.1f} us (rank 0, median of 200); {int(ok.item())} failure(s) over all ranks",
-              flush=True)
-    w.close()
-    dist.destroy_process_group()
-    return 0 if ok.item() == 0 else 1
+              f"enqueue {overhead:.1f} us (rank 0, median of 200); rank 0's refusal stopped its peers in "
+              f"{stop_seconds:.3f} s (slowest, timeout 30 s); {int(ok.item())} failure(s) over all ranks", flush=True)
+    # The world's contexts are lost on the stopped ranks: leave without tearing it down.
+    sys.stdout.flush()
+    os._exit(0 if ok.item() == 0 else 1)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,13 @@ class World {
   void sync(const char* op);
   // sync(), then a host barrier across processes (ipc) so every rank has finished.
   void barrier(const char* op);
+  // Fault propagation from the host: writes 1 + this process's first rank into every rank's stop
+  // word that is still 0 (a rank that faulted first keeps the blame), so every rank's bounded device
+  // waits stop within microseconds of polling and report that this rank stopped the world, instead
+  // of waiting out their timeouts. For a host error that peers cannot see (a refusal of this rank's
+  // own arguments, a failure between launches). The world is unusable afterwards, on every rank.
+  // Bounded; never throws (it runs on error paths).
+  void stop_peers() noexcept;
 
   // Stream waits enqueued by the stream primitives, remembered until the next sync() so that a
   // timeout can say which one never completed.
