@@ -45,9 +45,11 @@ __all__ = ["Config", "Error", "ProcessWorld", "TimeoutError", "World", "ag_gemm"
 has_cuda: bool = _tilelink.has_cuda
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Config:
-    """The knobs of a call besides its operands; the defaults are the op's own choices.
+    """The knobs of a call besides its operands; the defaults are the op's own choices. Immutable
+    (``dataclasses.replace(config, comm_sms=8)`` makes a changed copy): made once, it costs a call
+    nothing.
 
     variant: ``"auto"`` or one of the op's variants (``ops()``): ``"pull"``/``"push"`` for
         ag_gemm and gemm_rs, ``"one-shot"``/``"two-shot"`` for gemm_ar.
@@ -66,17 +68,29 @@ class Config:
     tile_n: int = 128
     comm_workers: int = 1
     compute_workers: int = 1
+    _made: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def _knobs(self, path: str) -> "_tilelink.Knobs":
-        k = _tilelink.Knobs()
-        k.path = path
-        k.variant = self.variant
-        k.m_split = [] if self.m_split is None else [int(x) for x in self.m_split]
+    def __post_init__(self) -> None:
         for name in ("comm_tile", "comm_sms", "tile_m", "tile_n", "comm_workers", "compute_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"Config.{name} must be an int, got {type(value).__name__}")
-            setattr(k, name, value)
+        if not isinstance(self.variant, str):
+            raise TypeError(f"Config.variant must be a str, got {type(self.variant).__name__}")
+        if self.m_split is not None:
+            object.__setattr__(self, "m_split", tuple(int(x) for x in self.m_split))
+
+    def _knobs(self, path: str) -> "_tilelink.Knobs":
+        """The module's knobs for a call on `path`, made once per path."""
+        k = self._made.get(path)
+        if k is None:
+            k = _tilelink.Knobs()
+            k.path = path
+            k.variant = self.variant
+            k.m_split = [] if self.m_split is None else list(self.m_split)
+            for name in ("comm_tile", "comm_sms", "tile_m", "tile_n", "comm_workers", "compute_workers"):
+                setattr(k, name, getattr(self, name))
+            self._made[path] = k
         return k
 
 
@@ -114,7 +128,7 @@ def _torch_state() -> dict:
         import torch
 
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch.cuda.current_stream reads
-        _TORCH.update(tensor=torch.Tensor, codes={torch.float32: 0, torch.bfloat16: 1, torch.float16: 2},
+        _TORCH.update(tensor=torch.Tensor, codes={torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}, empty=torch.empty,
                       stream=raw if raw is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream))
     return _TORCH
 
@@ -290,6 +304,28 @@ class ProcessWorld(World):
     def run(self, op: str, a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = None,
             out: Optional[Any] = None) -> Any:
         """Runs `op` with this rank's operands a, b; returns this rank's output (see World.run)."""
+        # The common call (torch tensors, default or a made Config) straight to the module: the
+        # process-per-GPU case, where the host time of a call counts.
+        t = _TORCH or _torch_state()
+        tensor = t["tensor"]
+        if isinstance(a, tensor) and isinstance(b, tensor) and (out is None or isinstance(out, tensor)):
+            if config is None:
+                knobs = _DEFAULT_KNOBS.get(path)
+            elif type(config) is Config and type(path) is str:
+                knobs = config._knobs(path)
+            else:
+                knobs = None
+            if knobs is not None:
+                codes, w = t["codes"], self._w
+                ra = [(a.data_ptr(), a.dim(), a.shape, a.stride(), codes.get(a.dtype, a.dtype), a.get_device())]
+                rb = [(b.data_ptr(), b.dim(), b.shape, b.stride(), codes.get(b.dtype, b.dtype), b.get_device())]
+                if out is None:
+                    out = t["empty"](w.output_shapes(op, ra, rb, knobs, True)[0], dtype=a.dtype, device=a.device)
+                rc = [(out.data_ptr(), out.dim(), out.shape, out.stride(), codes.get(out.dtype, out.dtype),
+                       out.get_device())]
+                stream = int(t["stream"](self._device)) if a.is_cuda else 0
+                self._last = w.run(op, ra, rb, rc, knobs, stream, True)
+                return out
         return World.run(self, op, [a], [b], path=path, config=config, out=None if out is None else [out])[0]
 
     def config(self, op: str, a: Any, b: Any, *, config: Optional[Config] = None) -> str:

@@ -77,6 +77,7 @@ struct World::Rank {
   CUgreenCtx green = nullptr;  // virtual only
   CUcontext ctx = nullptr;     // virtual: the green context as a CUcontext
   cudaStream_t stream = nullptr;
+  unsigned int* stop_io = nullptr;  // pinned host words for stop_peers' bounded copies
 };
 
 // Green contexts (with one stream each) for a split of a device, made once per process and kept.
@@ -135,6 +136,9 @@ World::World(const WorldOptions& options) : options_(options) {
   TL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&fault_), sizeof(DeviceFault),
                               cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(fault_, 0, sizeof(DeviceFault));
+  for (int r : local_ranks_)
+    TL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ranks_[r]->stop_io), 2 * sizeof(unsigned int),
+                                cudaHostAllocPortable));
   load_registered_kernels();
   // The stop words (fault propagation), and each local rank's table of every rank's word.
   stops_ = allocate(sizeof(unsigned int));
@@ -280,6 +284,7 @@ World::~World() {
   stops_.release();
   for (auto& rk : ranks_) {
     if (!rk) continue;
+    if (rk->stop_io) cudaFreeHost(rk->stop_io);
     if (rk->green) {
       continue;  // kept for the process (green_contexts())
     } else if (rk->stream) {
@@ -597,25 +602,30 @@ void World::sync(const char* op) {
 }
 
 void World::stop_peers() noexcept {
-  if (local_ranks_.empty() || stop_tables_.empty()) return;
+  if (local_ranks_.empty() || stop_tables_.empty() || !ranks_[local_ranks_.front()]->stop_io) return;
   const int me = local_ranks_.front();
-  const unsigned int word = 1u + static_cast<unsigned int>(me);
+  // NOTE: pinned host words and a polled stream, never a pageable or synchronous copy: this runs
+  // on error paths, beside spinning kernels, and must return whatever the device does.
+  unsigned int* seen = ranks_[me]->stop_io;
+  unsigned int* word = seen + 1;
+  *word = 1u + static_cast<unsigned int>(me);
+  auto settle = [](cudaStream_t s) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    return cudaStreamQuery(s) == cudaSuccess;
+  };
   try {
     bind(me);
     cudaStream_t s = create_stream(me);  // not the rank's stream: it may hold a spinning kernel
     for (int r = 0; r < size_; ++r) {
       auto* addr = static_cast<unsigned int*>(stops_.base(r));
-      unsigned int seen = 1;
-      if (cudaMemcpyAsync(&seen, addr, sizeof(seen), cudaMemcpyDeviceToHost, s) != cudaSuccess) break;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      if (cudaStreamQuery(s) != cudaSuccess) break;
-      if (seen == 0) cudaMemcpyAsync(addr, &word, sizeof(word), cudaMemcpyHostToDevice, s);
+      *seen = 1;
+      if (cudaMemcpyAsync(seen, addr, sizeof(unsigned int), cudaMemcpyDeviceToHost, s) != cudaSuccess || !settle(s))
+        break;
+      if (*seen == 0) cudaMemcpyAsync(addr, word, sizeof(unsigned int), cudaMemcpyHostToDevice, s);
     }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    settle(s);
     cudaStreamDestroy(s);
   } catch (const std::exception&) {
   }

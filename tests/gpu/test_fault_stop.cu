@@ -1,8 +1,8 @@
-// Fault propagation on the device: a rank whose stop word a faulted peer has set stops its wait
-// within moments, not at its own deadline, and World::sync() names the rank that faulted and what
-// this one waited on. The peer's fault is simulated by writing rank 1's stop word from the host
-// (what rank 0's fail_wait does from the device; tests/gpu/ipc_fault.cu runs the real thing across
-// two processes). (Its own executable: the trap kills the process's CUDA context.)
+// Fault propagation on the device: a rank whose stop word a peer has set stops its wait within
+// moments, not at its own deadline, and World::sync() names the rank that stopped the world and what
+// this one waited on. Rank 0's stop comes from the host (World::stop_peers, what a host error on
+// rank 0 does; a device fault writes the same words from fail_wait, which tests/gpu/ipc_fault.cu
+// runs across two processes). (Its own executable: the trap kills the process's CUDA context.)
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -35,18 +35,20 @@ TEST(FaultStop, AWaitStopsOnceAPeerHasFaulted) {
   const auto t0 = std::chrono::steady_clock::now();
   wait_on_rank0<<<1, 32, 0, w.stream(1)>>>(buf.view(1), ctx, flags);
   TL_CUDA_CHECK(cudaGetLastError());
-  const unsigned rank0_faulted = 1;  // 1 + the rank that faulted
-  TL_CUDA_CHECK(cudaMemcpy(ctx.stop, &rank0_faulted, sizeof(rank0_faulted), cudaMemcpyHostToDevice));
+  const auto stopped = std::chrono::steady_clock::now();
+  w.stop_peers();  // this process's first rank, 0, stops the world
+  const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_LT(stop_s, 0.1) << "stop_peers took " << stop_s << " s";
   try {
     w.sync("probe_op");
     FAIL() << "no stop";
   } catch (const TimeoutError& e) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string m = e.what();
-    EXPECT_NE(m.find("op probe_op: rank 0 faulted"), std::string::npos) << m;
+    EXPECT_NE(m.find("op probe_op: rank 0 stopped the world"), std::string::npos) << m;
     EXPECT_NE(m.find("rank 1 stopped waiting on tile_ready[3] of rank 0"), std::string::npos) << m;
     EXPECT_NE(m.find("expected >= 42, observed 0"), std::string::npos) << m;
     EXPECT_LT(s, 5.0) << "the wait ran on towards its own 30 s deadline";
-    std::printf("reported after %.3f s: %s\n", s, m.c_str());
+    std::printf("stop_peers took %.4f s; reported after %.3f s: %s\n", stop_s, s, m.c_str());
   }
 }

@@ -11,6 +11,7 @@ must stop, naming rank 0, long before the timeout. Ranks may share a GPU (more p
 but slowly (the GPU time-slices the processes' spinning kernels). Exits non-zero on any failure;
 rank 0 prints the summary.
 """
+import faulthandler
 import os
 import re
 import statistics
@@ -27,6 +28,12 @@ import tilelink  # noqa: E402
 from reference import reference  # noqa: E402
 
 failures = []
+T0 = time.perf_counter()
+
+
+def step(what):
+    """Where the check is, with the time since the start (a hang shows where)."""
+    print(f"rank {dist.get_rank()}: {time.perf_counter() - T0:7.2f} s: {what}", flush=True)
 # The calls of the overhead and fault tests: fused with the comm program on SMs, whose waits are all
 # device waits (the copy engine's stream waits cannot poll the stop words).
 SM_FUSED = {"path": "fused", "config": tilelink.Config(comm_sms=16)}
@@ -99,6 +106,7 @@ def stop_on_a_local_refusal(rank, size, dev):
             tilelink.gemm_ar(good_a, good_b, **SM_FUSED)
             tilelink.world().synchronize()
         expect(tilelink.TimeoutError, r"rank 0 stopped the world", call_and_wait, f"rank {rank} stopped by rank 0")
+    step(f"fault: raised after {time.perf_counter() - t0:.3f} s")
     took = torch.tensor([time.perf_counter() - t0])
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     check(took.item() < 10.0, f"the peers stopped after {took.item():.2f} s (bound 10 s, timeout 30 s)")
@@ -106,6 +114,7 @@ def stop_on_a_local_refusal(rank, size, dev):
 
 
 def main():
+    faulthandler.dump_traceback_later(240, exit=True)  # a hang: every thread's stack, then exit
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -114,7 +123,9 @@ def main():
     dev = torch.device("cuda", torch.cuda.current_device())
     check(w.rank == rank and w.size == size and tilelink.world() is w, "init: rank, size, world()")
 
+    step("init")
     for op in [s["name"] for s in tilelink.ops()]:
+        step(op)
         for call in range(2):  # a made op is reused: fresh inputs on the second call
             a, b = operands(op, size, seed=100 * call + len(op))
             want = reference(op, [x.double().numpy() for x in a], [y.double().numpy() for y in b])[rank]
@@ -129,6 +140,7 @@ def main():
             check(err < 1e-2, f"{op} call {call}: error {err:.2e} against float64")
             check(torch.equal(fused, unfused), f"{op} call {call}: fused differs from unfused")
 
+    step("graph")
     # A CUDA graph captured once, replayed on fresh inputs copied into the captured tensors.
     a, b = operands("gemm_rs", size, seed=7)
     ga, gb = a[rank].to(dev), b[rank].to(dev)
@@ -151,10 +163,12 @@ def main():
     torch.cuda.synchronize()
 
     # Ranks that disagree are refused on every rank, naming the rank and the field.
+    step("refusals")
     if size > 1:
         refuse_disagreeing_ranks(rank, dev)
 
     # The host time a call adds over the C++ enqueue (median over calls; the GPU work overlaps).
+    step("host time")
     a, b = operands("gemm_ar", size, seed=11)
     ca, cb = a[rank].to(dev), b[rank].to(dev)
     out = tilelink.gemm_ar(ca, cb, **SM_FUSED)
@@ -170,7 +184,9 @@ def main():
     overhead = statistics.median(extra)
     check(overhead < 10.0, f"a Python call adds {overhead:.1f} us over the C++ enqueue (bound 10 us)")
 
+    step("fault")
     stop_seconds = stop_on_a_local_refusal(rank, size, dev) if size > 1 else 0.0
+    step("done")
 
     ok = torch.tensor([len(failures)], dtype=torch.int64)
     dist.all_reduce(ok)
