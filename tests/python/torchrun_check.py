@@ -114,7 +114,7 @@ def stop_on_a_local_refusal(rank, size, dev):
 
 
 def main():
-    faulthandler.dump_traceback_later(240, exit=True)  # a hang: every thread's stack, then exit
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang: every thread's stack, then exit
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
