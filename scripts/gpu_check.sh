@@ -72,7 +72,8 @@ if [ -d "$BIN/python/tilelink" ] ||
    python3 -c "import tilelink, sys; sys.exit(0 if tilelink.has_cuda else 1)" 2>/dev/null; then
   torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node 2)
   run python_cuda "${py[@]}" python3 -m pytest -q -s tests/python/test_cuda.py
-  run python_tp_mlp "${py[@]}" python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
+  run python_tp_mlp_1 "${py[@]}" python3 examples/python/tp_mlp_virtual.py --world 1 --backend cuda
+  run python_tp_mlp_2 "${py[@]}" python3 examples/python/tp_mlp_virtual.py --world 2 --backend cuda
   run python_torchrun "${py[@]}" "${torchrun[@]}" tests/python/torchrun_check.py
   grep -h "^torchrun_check: " "$LOG/tests.log" | tail -1 >>"$SUMMARY"
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
