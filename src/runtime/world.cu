@@ -77,8 +77,30 @@ struct World::Rank {
   CUgreenCtx green = nullptr;  // virtual only
   CUcontext ctx = nullptr;     // virtual: the green context as a CUcontext
   cudaStream_t stream = nullptr;
-  unsigned int* stop_io = nullptr;  // pinned host words for stop_peers' bounded copies
+  // Pinned host words and a side stream (made on first use) for the bounded copies of the error
+  // paths (stop_peers, sync's stop and deadline checks): never a pageable or synchronous copy, which
+  // would queue behind the caller's stream (made to wait for this rank's) or block on a wedged device.
+  struct HostIo {
+    unsigned int seen, word;
+    uint64_t value;
+  }* io = nullptr;
+  cudaStream_t side = nullptr;
 };
+
+namespace {
+
+// Copies `bytes` from device `src` into pinned `dst` on `side`, waiting at most `bound`; whether
+// it completed.
+bool bounded_read(cudaStream_t side, void* dst, const void* src, size_t bytes,
+                  std::chrono::milliseconds bound = std::chrono::seconds(1)) {
+  if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side) != cudaSuccess) return false;
+  const auto until = std::chrono::steady_clock::now() + bound;
+  while (cudaStreamQuery(side) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  return cudaStreamQuery(side) == cudaSuccess;
+}
+
+}  // namespace
 
 // Green contexts (with one stream each) for a split of a device, made once per process and kept.
 // NOTE: never destroyed: the CUDA runtime keeps per-context state keyed by the context handle, and
@@ -137,8 +159,7 @@ World::World(const WorldOptions& options) : options_(options) {
                               cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(fault_, 0, sizeof(DeviceFault));
   for (int r : local_ranks_)
-    TL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ranks_[r]->stop_io), 2 * sizeof(unsigned int),
-                                cudaHostAllocPortable));
+    TL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ranks_[r]->io), sizeof(Rank::HostIo), cudaHostAllocPortable));
   load_registered_kernels();
   // The stop words (fault propagation), and each local rank's table of every rank's word.
   stops_ = allocate(sizeof(unsigned int));
@@ -284,7 +305,11 @@ World::~World() {
   stops_.release();
   for (auto& rk : ranks_) {
     if (!rk) continue;
-    if (rk->stop_io) cudaFreeHost(rk->stop_io);
+    if (rk->io) cudaFreeHost(rk->io);
+    if (rk->side) {
+      cudaSetDevice(rk->device);
+      cudaStreamDestroy(rk->side);
+    }
     if (rk->green) {
       continue;  // kept for the process (green_contexts())
     } else if (rk->stream) {
@@ -494,7 +519,7 @@ void World::fail(const char* op, int rank, cudaError_t e) {
     }
     if (e == cudaErrorNotReady)
       os << " (the kernel trapped; its error had not reached this process " << kTrapGrace.count()
-         << " s after the deadline, so the"
+         << " s after it was due, so the"
             " stream may still be busy: this world cannot be destroyed cleanly, the process should exit)";
     else
       os << " (the kernel trapped: " << cudaGetErrorName(e) << "; the device context is lost)";
@@ -558,17 +583,76 @@ void World::sync(const char* op) {
   // The device waits trap at the timeout and are reported from their fault record; a stream wait
   // (no device-side bound) is found 1 s later.
   const auto deadline = clock::now() + options_.timeout + std::chrono::seconds(1);
+  // Bounded reads on a rank's side stream (never the caller's: under Python it waits for the
+  // rank's stream, so a copy there would queue behind the very wait being diagnosed).
+  auto side = [&](int r) {
+    bind(r);
+    Rank& rk = *ranks_[r];
+    if (!rk.side) rk.side = create_stream(r);
+    return rk.side;
+  };
+  // The stream waits still short of their target: each with its observed value.
+  auto stuck_waits = [&](std::vector<std::pair<const StreamWait*, uint64_t>>* out) {
+    for (const StreamWait& w : stream_waits_) {
+      Rank::HostIo* io = ranks_[w.rank]->io;
+      io->value = 0;
+      if (!bounded_read(side(w.rank), &io->value, w.addr, sizeof(uint64_t))) continue;
+      if (io->value < w.target) out->emplace_back(&w, io->value);
+    }
+  };
+  auto describe_stuck = [&](std::ostringstream& os, const std::vector<std::pair<const StreamWait*, uint64_t>>& stuck) {
+    if (stuck.empty()) return;
+    const StreamWait& w = *stuck.front().first;
+    os << "; rank " << w.rank << " is stuck in a stream wait on " << w.field << "[" << w.slot << "] of rank " << w.owner
+       << ": expected >= " << w.target << ", observed " << stuck.front().second;
+    if (w.tile >= 0) os << " (tile " << w.tile << ")";
+    std::vector<const StreamWait*> waits;
+    for (const auto& s : stuck) waits.push_back(s.first);
+    os << release_stream_waits(*this, waits, local_ranks_);
+  };
+  // Under ipc a peer that stopped the world (its device fault, or World::stop_peers after a host
+  // error) sets this rank's stop word: the device waits see it and trap, but a stream wait cannot,
+  // so the host looks too, every millisecond.
+  const bool watch_stop = options_.transport == Transport::kIpc;
+  auto next_look = clock::now() + std::chrono::milliseconds(1);
+  clock::time_point stop_seen{};
   for (int r : local_ranks_) {
     for (;;) {
       cudaError_t e = cudaStreamQuery(ranks_[r]->stream);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) fail(op, r, e);
-      if (clock::now() > deadline) {
+      const auto now = clock::now();
+      if (watch_stop && now > next_look) {
+        next_look = now + std::chrono::milliseconds(1);
+        Rank::HostIo* io = ranks_[r]->io;
+        io->seen = 0;
+        if (bounded_read(side(r), &io->seen, stops_.base(r), sizeof(unsigned int), std::chrono::milliseconds(100)) &&
+            io->seen != 0) {
+          if (fault_ && fault_->claimed) {
+            // A device wait saw the stop too and trapped: its record says more; give its error a
+            // bounded while to surface.
+            if (stop_seen == clock::time_point{}) stop_seen = now;
+            if (now > stop_seen + kTrapGrace) fail(op, r, cudaErrorNotReady);
+          } else {
+            std::ostringstream os;
+            os << "op " << op << ": rank " << io->seen - 1
+               << " stopped the world (a fault on its device or an error in its host code; its own process "
+                  "reports it); rank "
+               << r << " stopped waiting";
+            std::vector<std::pair<const StreamWait*, uint64_t>> stuck;
+            stuck_waits(&stuck);
+            describe_stuck(os, stuck);
+            stream_waits_.clear();
+            throw TimeoutError(os.str());
+          }
+        }
+      }
+      if (now > deadline) {
         // A device wait that timed out has claimed the fault record and trapped; the trap can take
         // seconds to surface when processes time-slice one GPU. Give it a bounded while, so the
         // error names the wait that trapped rather than the rank that outlived the deadline.
         if (fault_ && fault_->claimed) {
-          if (clock::now() < deadline + kTrapGrace) {
+          if (now < deadline + kTrapGrace) {
             std::this_thread::sleep_for(std::chrono::microseconds(200));
             continue;
           }
@@ -578,20 +662,9 @@ void World::sync(const char* op) {
         std::ostringstream os;
         os << "op " << op << ": rank " << r << " did not finish within "
            << std::chrono::duration<double>(options_.timeout).count() << " s";
-        bool named = false;
-        std::vector<const StreamWait*> stuck;
-        for (const StreamWait& w : stream_waits_) {
-          uint64_t v = 0;
-          if (cudaMemcpy(&v, w.addr, sizeof(v), cudaMemcpyDefault) != cudaSuccess) continue;
-          if (v >= w.target) continue;
-          stuck.push_back(&w);
-          if (named) continue;
-          named = true;
-          os << "; rank " << w.rank << " is stuck in a stream wait on " << w.field << "[" << w.slot << "] of rank "
-             << w.owner << ": expected >= " << w.target << ", observed " << v;
-          if (w.tile >= 0) os << " (tile " << w.tile << ")";
-        }
-        if (!stuck.empty()) os << release_stream_waits(*this, stuck, local_ranks_);
+        std::vector<std::pair<const StreamWait*, uint64_t>> stuck;
+        stuck_waits(&stuck);
+        describe_stuck(os, stuck);
         stream_waits_.clear();
         throw TimeoutError(os.str());
       }
@@ -602,31 +675,24 @@ void World::sync(const char* op) {
 }
 
 void World::stop_peers() noexcept {
-  if (local_ranks_.empty() || stop_tables_.empty() || !ranks_[local_ranks_.front()]->stop_io) return;
+  if (local_ranks_.empty() || stop_tables_.empty() || !ranks_[local_ranks_.front()]->io) return;
   const int me = local_ranks_.front();
-  // NOTE: pinned host words and a polled stream, never a pageable or synchronous copy: this runs
-  // on error paths, beside spinning kernels, and must return whatever the device does.
-  unsigned int* seen = ranks_[me]->stop_io;
-  unsigned int* word = seen + 1;
-  *word = 1u + static_cast<unsigned int>(me);
-  auto settle = [](cudaStream_t s) {
+  Rank::HostIo* io = ranks_[me]->io;
+  io->word = 1u + static_cast<unsigned int>(me);
+  try {
+    bind(me);
+    Rank& rk = *ranks_[me];
+    if (!rk.side) rk.side = create_stream(me);  // not the rank's stream: it may hold a spinning kernel
+    cudaStream_t s = rk.side;
+    for (int r = 0; r < size_; ++r) {
+      auto* addr = static_cast<unsigned int*>(stops_.base(r));
+      io->seen = 1;
+      if (!bounded_read(s, &io->seen, addr, sizeof(unsigned int))) break;
+      if (io->seen == 0) cudaMemcpyAsync(addr, &io->word, sizeof(unsigned int), cudaMemcpyHostToDevice, s);
+    }
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (cudaStreamQuery(s) == cudaErrorNotReady && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::microseconds(20));
-    return cudaStreamQuery(s) == cudaSuccess;
-  };
-  try {
-    bind(me);
-    cudaStream_t s = create_stream(me);  // not the rank's stream: it may hold a spinning kernel
-    for (int r = 0; r < size_; ++r) {
-      auto* addr = static_cast<unsigned int*>(stops_.base(r));
-      *seen = 1;
-      if (cudaMemcpyAsync(seen, addr, sizeof(unsigned int), cudaMemcpyDeviceToHost, s) != cudaSuccess || !settle(s))
-        break;
-      if (*seen == 0) cudaMemcpyAsync(addr, word, sizeof(unsigned int), cudaMemcpyHostToDevice, s);
-    }
-    settle(s);
-    cudaStreamDestroy(s);
   } catch (const std::exception&) {
   }
   cudaGetLastError();  // nothing of this best effort is left for the caller's next check
