@@ -494,29 +494,34 @@ namespace {
 // How long sync waits, past its deadline, for a trap that the fault record says happened (with
 // processes time-slicing one GPU it took seconds to reach the host).
 constexpr std::chrono::seconds kTrapGrace{5};
+
+// What a claimed fault record says: which wait of which rank gave up, on what.
+std::string describe_fault(const DeviceFault& f) {
+  std::ostringstream os;
+  if (f.kind == 1) {
+    os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9
+       << " s waiting for a bulk copy into shared-memory stage " << f.slot;
+  } else if (f.kind == 2) {
+    os << "rank " << f.stopped_by << " stopped the world (a fault on its device or an error in its host code; "
+       << "its own process reports it); rank " << f.rank << " stopped waiting on "
+       << signal_field_name(static_cast<SignalField>(f.field)) << "[" << f.slot << "] of rank " << f.owner
+       << " after " << f.waited_ns * 1e-9 << " s: expected >= " << f.expected << ", observed " << f.observed;
+  } else {
+    os << "rank " << f.rank << " timed out waiting on " << signal_field_name(static_cast<SignalField>(f.field)) << "["
+       << f.slot << "] of rank " << f.owner << ": expected >= " << f.expected << ", observed " << f.observed << " (";
+    if (f.tile >= 0) os << "tile " << f.tile << ", ";
+    os << "on the device, after " << f.waited_ns * 1e-9 << " s)";
+  }
+  return os.str();
+}
+
 }  // namespace
 
 void World::fail(const char* op, int rank, cudaError_t e) {
   std::ostringstream os;
   os << "op " << op << ": ";
   if (fault_ && fault_->claimed) {
-    const DeviceFault& f = *fault_;
-    if (f.kind == 1) {
-      os << "rank " << f.rank << " timed out on the device after " << f.waited_ns * 1e-9
-         << " s waiting for a bulk copy into shared-memory stage " << f.slot;
-    } else if (f.kind == 2) {
-      os << "rank " << f.stopped_by << " stopped the world (a fault on its device or an error in its host code; "
-         << "its own process reports it); rank " << f.rank
-         << " stopped waiting on " << signal_field_name(static_cast<SignalField>(f.field)) << "[" << f.slot
-         << "] of rank " << f.owner << " after " << f.waited_ns * 1e-9 << " s: expected >= " << f.expected
-         << ", observed " << f.observed;
-    } else {
-      os << "rank " << f.rank << " timed out waiting on " << signal_field_name(static_cast<SignalField>(f.field))
-         << "[" << f.slot << "] of rank " << f.owner << ": expected >= " << f.expected << ", observed "
-         << f.observed << " (";
-      if (f.tile >= 0) os << "tile " << f.tile << ", ";
-      os << "on the device, after " << f.waited_ns * 1e-9 << " s)";
-    }
+    os << describe_fault(*fault_);
     if (e == cudaErrorNotReady)
       os << " (the kernel trapped; its error had not reached this process " << kTrapGrace.count()
          << " s after it was due, so the"
@@ -628,12 +633,15 @@ void World::sync(const char* op) {
         io->seen = 0;
         if (bounded_read(side(r), &io->seen, stops_.base(r), sizeof(unsigned int), std::chrono::milliseconds(100)) &&
             io->seen != 0) {
+          if (stop_seen == clock::time_point{}) stop_seen = now;
           if (fault_ && fault_->claimed) {
-            // A device wait saw the stop too and trapped: its record says more; give its error a
-            // bounded while to surface.
-            if (stop_seen == clock::time_point{}) stop_seen = now;
-            if (now > stop_seen + kTrapGrace) fail(op, r, cudaErrorNotReady);
-          } else {
+            // A device wait of this rank saw the stop and is trapping (which can take seconds to
+            // surface): its record says what it waited on; the context is lost either way.
+            throw TimeoutError(std::string("op ") + op + ": " + describe_fault(*fault_) +
+                               " (the kernel is trapping: this process's device context is lost, the process "
+                               "should exit)");
+          }
+          if (now > stop_seen + std::chrono::milliseconds(5)) {  // no device wait took it: a stream wait
             std::ostringstream os;
             os << "op " << op << ": rank " << io->seen - 1
                << " stopped the world (a fault on its device or an error in its host code; its own process "

@@ -54,11 +54,13 @@ int main(int argc, char** argv) {
     } catch (const TimeoutError& e) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string m = e.what();
+      // Rank 1 names rank 0 either from its own device wait's record (the wait on ready[1] saw the
+      // stop) or, when its host saw the stop word first and no device wait took it within 5 ms (ranks
+      // time-slicing one GPU), from the host; rank 1's message must come well before its own 30 s.
       const std::string want = me == 0 ? "rank 0 timed out waiting on ready[0] of rank 0"
                                        : "rank 0 stopped the world (a fault on its device or an error in its host "
-                                         "code; its own process reports it); rank 1 stopped waiting on ready[1] of "
-                                         "rank 0";
-      const bool ok = m.find(want) != std::string::npos && s < 10;
+                                         "code; its own process reports it); rank 1 stopped waiting";
+      const bool ok = m.find(want) != std::string::npos && s < (me == 0 ? 10 : 3);
       std::printf("ipc_fault rank %d: %s after %.2f s: %s\n", me, ok ? "stopped" : "WRONG", s, m.c_str());
       failures += !ok;
     }
