@@ -543,8 +543,11 @@ namespace {
 // invalid) instead of holding the world's streams, allocations and cached green-context streams for
 // good; then every local rank's stream gets a bounded while to drain. Returns what to add to the
 // error message.
+// `drain`: wait for the streams to drain (a timeout: the world may be destroyed and a new one made);
+// else return at once (a peer stopped the world: the kernels behind the released waits stop at their
+// first device wait and trap, which takes seconds to surface).
 std::string release_stream_waits(const World& world, const std::vector<const World::StreamWait*>& stuck,
-                                 const std::vector<int>& ranks) {
+                                 const std::vector<int>& ranks, bool drain = true) {
   using clock = std::chrono::steady_clock;
   int released = 0;
   for (const World::StreamWait* w : stuck) {
@@ -566,6 +569,12 @@ std::string release_stream_waits(const World& world, const std::vector<const Wor
     }
     cudaStreamDestroy(s);
   }
+  std::ostringstream os;
+  os << "; " << released << " of " << stuck.size() << " stuck stream waits released by the watchdog";
+  if (!drain) {
+    os << " (the kernels behind them stop at their first wait: the device context is being lost)";
+    return os.str();
+  }
   bool drained = true;
   const auto until = clock::now() + std::chrono::seconds(5);
   for (int r : ranks) {
@@ -574,9 +583,7 @@ std::string release_stream_waits(const World& world, const std::vector<const Wor
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     drained = drained && cudaStreamQuery(world.stream(r)) == cudaSuccess;
   }
-  std::ostringstream os;
-  os << "; " << released << " of " << stuck.size() << " stuck stream waits released by the watchdog"
-     << (drained ? ", every stream drained (the call's outputs are invalid; destroy this world, a new one may be made)"
+  os << (drained ? ", every stream drained (the call's outputs are invalid; destroy this world, a new one may be made)"
                  : ", but a stream did not drain (destroying this world may block)");
   return os.str();
 }
@@ -605,7 +612,8 @@ void World::sync(const char* op) {
       if (io->value < w.target) out->emplace_back(&w, io->value);
     }
   };
-  auto describe_stuck = [&](std::ostringstream& os, const std::vector<std::pair<const StreamWait*, uint64_t>>& stuck) {
+  auto describe_stuck = [&](std::ostringstream& os, const std::vector<std::pair<const StreamWait*, uint64_t>>& stuck,
+                            bool drain) {
     if (stuck.empty()) return;
     const StreamWait& w = *stuck.front().first;
     os << "; rank " << w.rank << " is stuck in a stream wait on " << w.field << "[" << w.slot << "] of rank " << w.owner
@@ -613,7 +621,7 @@ void World::sync(const char* op) {
     if (w.tile >= 0) os << " (tile " << w.tile << ")";
     std::vector<const StreamWait*> waits;
     for (const auto& s : stuck) waits.push_back(s.first);
-    os << release_stream_waits(*this, waits, local_ranks_);
+    os << release_stream_waits(*this, waits, local_ranks_, drain);
   };
   // Under ipc a peer that stopped the world (its device fault, or World::stop_peers after a host
   // error) sets this rank's stop word: the device waits see it and trap, but a stream wait cannot,
@@ -649,7 +657,7 @@ void World::sync(const char* op) {
                << r << " stopped waiting";
             std::vector<std::pair<const StreamWait*, uint64_t>> stuck;
             stuck_waits(&stuck);
-            describe_stuck(os, stuck);
+            describe_stuck(os, stuck, /*drain=*/false);
             stream_waits_.clear();
             throw TimeoutError(os.str());
           }
@@ -672,7 +680,7 @@ void World::sync(const char* op) {
            << std::chrono::duration<double>(options_.timeout).count() << " s";
         std::vector<std::pair<const StreamWait*, uint64_t>> stuck;
         stuck_waits(&stuck);
-        describe_stuck(os, stuck);
+        describe_stuck(os, stuck, /*drain=*/true);
         stream_waits_.clear();
         throw TimeoutError(os.str());
       }
