@@ -344,6 +344,7 @@ class World {
     size_ = size;
     rank_ = rank;
     local_ = 1;
+    process_ = true;
   }
 
   int size() const { return size_; }
@@ -484,7 +485,7 @@ class World {
       throw nb::value_error(("timeout must be in (0, 86400] seconds, got " + std::to_string(seconds)).c_str());
     return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
   }
-  bool indexed() const { return local_ == size_; }  // every rank here: operands are lists named a[r]
+  bool indexed() const { return !process_; }  // every rank here: operands are lists named a[r]
   int rank_of(int i) const { return indexed() ? i : rank_; }
   std::string first_a() const { return label("a", 0, indexed()); }
   int device_type() const { return cuda_ ? nb::device::cuda::value : nb::device::cpu::value; }
@@ -616,6 +617,7 @@ class World {
   int size_ = 0;
   int rank_ = 0;   // a process world: this process's rank
   int local_ = 0;  // ranks in this process (size_, or 1 in a process world)
+  bool process_ = false;  // a process world (tilelink.init): one rank here, the others in other processes
   bool stop_on_error_ = true;    // a process world: stop the peers after an error of this rank alone
   bool agreed_refusal_ = false;  // the current call's error is one every rank raises alike
   std::chrono::milliseconds timeout_{20000};
