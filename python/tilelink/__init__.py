@@ -395,8 +395,11 @@ def init(group: Any = None, *, device: Optional[int] = None, timeout: float = 20
     global _INIT
     if not has_cuda:
         raise Error("tilelink.init: this tilelink was built without CUDA (pip install . where nvcc is found)")
-    import torch
-    import torch.distributed as dist
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:
+        raise ImportError("tilelink.init joins a torch.distributed group: it needs PyTorch (pip install torch)") from e
 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("tilelink.init: torch.distributed is not initialised: call "
