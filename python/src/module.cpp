@@ -24,6 +24,7 @@
 #include "problem.hpp"
 #include "tilelink/backend/cpu/world.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/core/hash.hpp"
 #include "tilelink/runtime/bootstrap.hpp"
 
 namespace nb = nanobind;
@@ -361,6 +362,40 @@ class World {
     return guarded([&] { return output_shapes_here(op, a, b, k, raw); });
   }
 
+  // Runs op on every rank of this process; returns the path taken (1 fused, 2 unfused; last_why
+  // says why).
+  int run(const std::string& op, nb::handle a_seq, nb::handle b_seq, nb::handle out_seq, const Knobs& k,
+          uintptr_t stream, bool raw) {
+    return guarded([&] { return run_here(op, a_seq, b_seq, out_seq, k, stream, raw); });
+  }
+
+  // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
+  // are synchronous already.
+  void synchronize() {
+    if (!cuda_) return;
+    nb::gil_scoped_release unlocked;
+    cuda_->sync();
+  }
+
+  // Frees the made ops and the ranks (a process world: collectively, every rank calls it). Further
+  // calls raise.
+  void close() {
+    if (!cpu_ && !cuda_) return;
+    cpu_ops_.clear();
+    cpu_.reset();
+    nb::gil_scoped_release unlocked;  // the teardown's exchanges take the GIL themselves
+    cuda_.reset();
+  }
+
+  std::string config(const std::string& op, nb::handle a, nb::handle b, const Knobs& k, bool raw) {
+    const cli::OpSpec& spec = spec_of(op);
+    const std::vector<Operand> xa = operands_of(a, "a", local_, false, raw, indexed());
+    const std::vector<Operand> xb = operands_of(b, "b", local_, false, raw, indexed());
+    const cli::OpProblem p = problem(spec, xa, xb, k);
+    if (cuda_) return cuda_->config(spec, p);
+    return cli::describe(p);
+  }
+
  private:
   // A process world: an error of this rank alone (not a refusal every rank raised alike) stops the
   // peers' waits when stop_on_error is set (their calls may already wait for this rank); the world
@@ -391,16 +426,6 @@ class World {
     return out;
   }
 
- public:
-
-  // Runs op on every rank of this process; returns the path taken (1 fused, 2 unfused; last_why
-  // says why).
-  int run(const std::string& op, nb::handle a_seq, nb::handle b_seq, nb::handle out_seq, const Knobs& k,
-          uintptr_t stream, bool raw) {
-    return guarded([&] { return run_here(op, a_seq, b_seq, out_seq, k, stream, raw); });
-  }
-
- private:
   int run_here(const std::string& op, nb::handle a_seq, nb::handle b_seq, nb::handle out_seq, const Knobs& k,
                uintptr_t stream, bool raw) {
     const cli::OpSpec& spec = spec_of(op);
@@ -450,36 +475,6 @@ class World {
     return fused ? 1 : 2;
   }
 
-
- public:
-  // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
-  // are synchronous already.
-  void synchronize() {
-    if (!cuda_) return;
-    nb::gil_scoped_release unlocked;
-    cuda_->sync();
-  }
-
-  // Frees the made ops and the ranks (a process world: collectively, every rank calls it). Further
-  // calls raise.
-  void close() {
-    if (!cpu_ && !cuda_) return;
-    cpu_ops_.clear();
-    cpu_.reset();
-    nb::gil_scoped_release unlocked;  // the teardown's exchanges take the GIL themselves
-    cuda_.reset();
-  }
-
-  std::string config(const std::string& op, nb::handle a, nb::handle b, const Knobs& k, bool raw) {
-    const cli::OpSpec& spec = spec_of(op);
-    const std::vector<Operand> xa = operands_of(a, "a", local_, false, raw, indexed());
-    const std::vector<Operand> xb = operands_of(b, "b", local_, false, raw, indexed());
-    const cli::OpProblem p = problem(spec, xa, xb, k);
-    if (cuda_) return cuda_->config(spec, p);
-    return cli::describe(p);
-  }
-
- private:
   static std::chrono::milliseconds timeout_of(double seconds) {
     if (!(seconds > 0) || seconds > 86400)
       throw nb::value_error(("timeout must be in (0, 86400] seconds, got " + std::to_string(seconds)).c_str());
@@ -567,11 +562,7 @@ class World {
       int64_t fields[7];  // op, dtype, path, variant, comm_tile, comm_sms, m_split: as kFields names them
     };
     static constexpr const char* kFields[7] = {"op", "dtype", "path", "variant", "comm_tile", "comm_sms", "m_split"};
-    auto hash = [](const std::string& s) {
-      uint64_t h = 1469598103934665603ull;
-      for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-      return static_cast<int64_t>(h >> 1);
-    };
+    auto hash = [](const std::string& s) { return static_cast<int64_t>(fnv1a(s) >> 1); };
     std::string split;
     for (int64_t x : k.m_split) split += std::to_string(x) + ",";
     Share mine{(*ea)[0].rows, (*ea)[0].cols, (*eb)[0].rows, (*eb)[0].cols,

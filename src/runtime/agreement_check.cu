@@ -6,19 +6,11 @@
 #include <cstring>
 
 #include "tilelink/core/error.hpp"
+#include "tilelink/core/hash.hpp"
 #include "tilelink/runtime/agreement.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cuda {
-
-namespace {
-
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
 
 void Agreement::check(const World& world, std::chrono::milliseconds timeout) const {
   if (world.transport() != Transport::kIpc) return;  // one process: one set of arguments

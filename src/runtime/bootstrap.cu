@@ -14,7 +14,6 @@
 
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/error.hpp"
-#include "tilelink/core/partition.hpp"
 
 namespace tilelink::cuda {
 
