@@ -36,9 +36,10 @@ struct AgGemmWaitHooks {
 
   // NOTE: no function calls in here (not even a noinline error path with printf): a kernel that
   // calls any function gets its wgmma serialised by ptxas (C7510), ~7% slower (bench/notes/gemm.md).
-  // So the bounded acquire spin is written out, and a timeout (or a faulted peer's stop word) records
-  // the world's fault (reported by World::sync) and traps without printing. It is const, so the engine calls it on the kernel
-  // parameter, not on a local-memory copy (impl/gemm_kernel.cuh, HooksInWarp).
+  // So the bounded acquire spin is written out, and a timeout (or a faulted peer's stop word) ends in
+  // the prim layer's quiet fail_wait_quiet: it records the world's fault (reported by World::sync)
+  // and traps without printing. It is const, so the engine calls it on the kernel parameter, not on
+  // a local-memory copy (impl/gemm_kernel.cuh, HooksInWarp).
   __device__ void before_tile_loads(TileCoord tile, Rect region) const {
     if (region.row >= own.begin && region.row + region.rows <= own.end) return;  // every lane alike
     const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
@@ -60,22 +61,10 @@ struct AgGemmWaitHooks {
             ctx.stop ? ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_system>(*ctx.stop).load(::cuda::memory_order_relaxed)
                      : 0u;
         if (waited <= ctx.timeout_ns && stop == 0) continue;
-        if (stop == 0 && ctx.stops)  // this rank faults first: stop every rank
-          for (int r = 0; r < ctx.world_size; ++r) atomicCAS_system(ctx.stops[r], 0u, static_cast<unsigned>(ctx.rank) + 1u);
-        if (ctx.fault && atomicCAS_system(&ctx.fault->claimed, 0u, 1u) == 0u) {
-          ctx.fault->rank = ctx.rank;
-          ctx.fault->owner = ctx.rank;
-          ctx.fault->tile = tile.m * tiles_n + tile.n;
-          ctx.fault->slot = s;
-          ctx.fault->kind = stop ? 2 : 0;
-          ctx.fault->field = static_cast<int>(SignalField::kTileReady);
-          ctx.fault->stopped_by = static_cast<int>(stop) - 1;
-          ctx.fault->expected = epoch;
-          ctx.fault->observed = seen;
-          ctx.fault->waited_ns = waited;
-          __threadfence_system();
-        }
-        __trap();
+        // the quiet end of a failed wait (no call: the engine's wgmma stay asynchronous)
+        ::tilelink::cuda::detail::fail_wait_quiet(ctx, ctx.rank, tile.m * tiles_n + tile.n, s,
+                                                  SignalField::kTileReady, epoch, seen, waited,
+                                                  stop ? 2 : 0, stop);
       }
     }
     __syncwarp();  // the engine adds fence.proxy.async before its TMA loads

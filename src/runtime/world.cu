@@ -162,7 +162,9 @@ World::World(const WorldOptions& options) : options_(options) {
     TL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ranks_[r]->io), sizeof(Rank::HostIo), cudaHostAllocPortable));
   load_registered_kernels();
   // The stop words (fault propagation), and each local rank's table of every rank's word.
-  stops_ = allocate(sizeof(unsigned int));
+  // Word 0 of a rank: its stop word; word 1 of the process's first local rank: the fault record's
+  // claim word (DeviceContext::claim).
+  stops_ = allocate(2 * sizeof(unsigned int));
   stop_tables_.assign(size_, nullptr);
   std::vector<unsigned int*> words(size_);
   for (int r = 0; r < size_; ++r) words[r] = static_cast<unsigned int*>(stops_.base(r));
@@ -370,6 +372,7 @@ DeviceContext World::device_context(int rank) const {
   if (!stop_tables_.empty()) {  // (none while the constructor allocates them)
     c.stop = static_cast<unsigned int*>(stops_.base(rank));
     c.stops = stop_tables_[rank];
+    c.claim = static_cast<unsigned int*>(stops_.base(local_ranks_.front())) + 1;
   }
   return c;
 }

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+
 #include "refused.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 
@@ -13,6 +15,15 @@ inline int gpu_count() {
   int n = 0;
   TL_CUDA_CHECK(cudaGetDeviceCount(&n));
   return n;
+}
+
+// What a test's time bounds are multiplied by: TILELINK_TEST_TIME_SCALE (default 1). Under
+// compute-sanitizer every kernel and API call runs many times slower, so scripts/sanitize.sh sets it;
+// the bounds then still catch a wait that runs on to its own deadline.
+inline double time_scale() {
+  const char* v = std::getenv("TILELINK_TEST_TIME_SCALE");
+  const double s = v ? std::atof(v) : 1.0;
+  return s >= 1.0 ? s : 1.0;
 }
 
 }  // namespace tilelink::test

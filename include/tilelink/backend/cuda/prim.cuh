@@ -47,7 +47,7 @@ namespace tilelink::cuda {
 // The first failed wait of a world's process, in host-mapped memory (readable after the context
 // has died).
 struct DeviceFault {
-  unsigned int claimed;  // 0 until a wait fails
+  unsigned int claimed;  // 0 until a failed wait has written the fields below (written last)
   int rank, owner, tile, slot, kind;  // kind: 0 signal wait timed out, 1 bulk-copy barrier timed out,
                                       // 2 signal wait stopped because rank `stopped_by` faulted
   int field;                          // kinds 0 and 2: the SignalField waited on
@@ -67,6 +67,9 @@ struct DeviceContext {
   int world_size = 1;
   uint64_t timeout_ns = 20'000'000'000ull;
   DeviceFault* fault = nullptr;
+  // The fault record's claim word, in device memory (one per process; the first fault takes it):
+  // compute-sanitizer's memcheck refuses system-scope atomics on mapped host memory.
+  unsigned int* claim = nullptr;
   unsigned int* stop = nullptr;          // this rank's stop word: 0, or 1 + the rank that faulted
   unsigned int* const* stops = nullptr;  // every rank's stop word, as this rank addresses it [world]
 };

@@ -49,26 +49,50 @@ TL_DEVICE TL_INLINE unsigned stop_word(const DeviceContext& ctx) {
   return ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_system>(*ctx.stop).load(::cuda::memory_order_relaxed);
 }
 
-// Records the first fault of the world's process, stops every rank, prints once, and traps. kind 2:
-// the wait was stopped by rank stop - 1's fault (it records nothing if this process has a fault
-// already: on virtual ranks the faulting rank's).
-// NOTE: noinline keeps the printf and its stack out of the spin loops.
+// Records a failed wait if it is the first fault of the world's process (on virtual ranks the
+// faulting rank's, not a peer's that it stopped), and stops every rank unless this wait was itself
+// stopped (kind 2: by rank stop - 1). The record is claimed with an atomic on ctx.claim (device
+// memory), then filled with plain stores into host-mapped memory, `claimed` last, so the host reads
+// a whole record even after the trap has ended the context. Call-free: returns whether it recorded.
+TL_DEVICE TL_INLINE bool record_fault(const DeviceContext& ctx, int owner, int tile, int slot,
+                                      SignalField field, uint64_t expected, uint64_t observed,
+                                      uint64_t waited_ns, int kind, unsigned stop) {
+  if (kind != 2) raise_stop(ctx);
+  if (ctx.fault == nullptr || ctx.claim == nullptr || atomicCAS_system(ctx.claim, 0u, 1u) != 0u)
+    return false;
+  volatile DeviceFault* f = ctx.fault;
+  f->rank = ctx.rank;
+  f->owner = owner;
+  f->tile = tile;
+  f->slot = slot;
+  f->kind = kind;
+  f->field = static_cast<int>(field);
+  f->stopped_by = static_cast<int>(stop) - 1;
+  f->expected = expected;
+  f->observed = observed;
+  f->waited_ns = waited_ns;
+  __threadfence_system();
+  f->claimed = 1u;
+  __threadfence_system();
+  return true;
+}
+
+// The quiet end of a failed wait: records (record_fault) and traps, without a function call, so
+// code inside the GEMM engine may use it (a call there serialises every wgmma of the kernel).
+// World::sync reports the record.
+TL_DEVICE TL_INLINE void fail_wait_quiet(const DeviceContext& ctx, int owner, int tile, int slot,
+                                         SignalField field, uint64_t expected, uint64_t observed,
+                                         uint64_t waited_ns, int kind, unsigned stop = 0) {
+  record_fault(ctx, owner, tile, slot, field, expected, observed, waited_ns, kind, stop);
+  __trap();
+}
+
+// The printing end of a failed wait: as fail_wait_quiet, and the recording thread prints what it
+// recorded. NOTE: noinline keeps the printf and its stack out of the spin loops.
 static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owner, int tile, int slot,
                                        SignalField field, uint64_t expected, uint64_t observed,
                                        uint64_t waited_ns, int kind, unsigned stop = 0) {
-  if (kind != 2) raise_stop(ctx);
-  if (ctx.fault && atomicCAS_system(&ctx.fault->claimed, 0u, 1u) == 0u) {
-    ctx.fault->rank = ctx.rank;
-    ctx.fault->owner = owner;
-    ctx.fault->tile = tile;
-    ctx.fault->slot = slot;
-    ctx.fault->kind = kind;
-    ctx.fault->field = static_cast<int>(field);
-    ctx.fault->stopped_by = static_cast<int>(stop) - 1;
-    ctx.fault->expected = expected;
-    ctx.fault->observed = observed;
-    ctx.fault->waited_ns = waited_ns;
-    __threadfence_system();
+  if (record_fault(ctx, owner, tile, slot, field, expected, observed, waited_ns, kind, stop)) {
     if (kind == 2)
       printf("tilelink: rank %d stopped waiting on %s[%d] of rank %d: rank %d faulted (block %d, thread %d)\n",
              ctx.rank, signal_field_name(field), slot, owner, static_cast<int>(stop) - 1, (int)blockIdx.x,
