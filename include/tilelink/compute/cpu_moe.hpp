@@ -1,0 +1,45 @@
+// The CPU compute of a MoE layer: the grouped GEMM over routed rows and the top-k reduce, the
+// reference of the MoE ops (ops/moe_routing.hpp gives the tables).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tilelink/core/dtype.hpp"
+#include "tilelink/ops/moe_routing.hpp"
+
+namespace tilelink {
+
+// One expert's weights: [n, k] row-major (row stride ld elements; 0: k), an nn.Linear weight.
+struct ExpertWeight {
+  const void* w = nullptr;
+  int64_t ld = 0;
+};
+
+// The grouped GEMM: for every expert e and grouped row i in [offsets[e], offsets[e + 1]),
+// out[i, :] = A[a_row(i), :] · W_eᵀ, where a_row(i) = a_rows[i] (or i where a_rows is empty).
+// A [*, k] (row stride lda), out [rows, n] (row stride ldo), all of `dtype`; fp32 accumulation in
+// ascending k, one rounding (gemm_tile_cpu's bits). Layer 0 passes the token of each row
+// (MoeRouting::token_of_row) to gather X; layer 1 passes none.
+void moe_grouped_gemm_cpu(const void* a, int64_t lda, std::span<const int64_t> a_rows,
+                          std::span<const int64_t> offsets, std::span<const ExpertWeight> weights,
+                          void* out, int64_t ldo, int64_t n, int64_t k, DType dtype);
+
+// The top-k reduce: out[t, j] = Σ_s weights[t * topk + s] · y[row_of_pair[t * topk + s], j], the
+// slots in order, fp32 accumulation, one rounding to `dtype`. y [rows, n] (row stride ldy), out
+// [tokens, n] (row stride ldo), weights fp32 [tokens, topk].
+void moe_topk_reduce_cpu(const void* y, int64_t ldy, const MoeRouting& routing,
+                         std::span<const float> weights, void* out, int64_t ldo, int64_t n,
+                         DType dtype);
+
+// Float64 references (the checks' side): the grouped GEMM's rows and the reduce, from the same
+// storage, every product and sum in double.
+std::vector<double> moe_grouped_gemm_f64(const void* a, int64_t lda, std::span<const int64_t> a_rows,
+                                         std::span<const int64_t> offsets,
+                                         std::span<const ExpertWeight> weights, int64_t n, int64_t k,
+                                         DType dtype);
+std::vector<double> moe_topk_reduce_f64(std::span<const double> y, const MoeRouting& routing,
+                                        std::span<const float> weights, int64_t n);
+
+}  // namespace tilelink

@@ -1,0 +1,67 @@
+// MoE routing: the tables that map a MoE layer's grouped GEMM rows to (token, slot) pairs, the
+// dynamic mappings of the MoE ops (docs/mappings.md).
+//
+// `tokens` tokens are each routed to `topk` experts of `experts`: topk_ids [tokens, topk],
+// row-major, expert ids in [0, experts). A pair is p = token * topk + slot. The grouped rows are the
+// pairs sorted by expert and, within an expert, by p: a fixed order, so every rank and every backend
+// derive the same tables from the same ids, and the top-k reduce sums a token's rows in slot order.
+//
+//   counts[e]        pairs routed to expert e                                  [experts]
+//   offsets[e]       expert e's grouped rows are [offsets[e], offsets[e + 1])  [experts + 1]
+//   pair_of_row[i]   the pair grouped row i computes                           [tokens * topk]
+//   row_of_pair[p]   the grouped row of pair p                                 [tokens * topk]
+//
+// The offsets are a DynamicRowPartition's table (`DynamicRowPartition{experts, offsets}`), from
+// which fill_first_tiles makes a DynamicTileGrid's (core/dynamic_tile_grid.hpp).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tilelink/core/config.hpp"
+
+namespace tilelink {
+
+// One writer (a CPU thread or one device thread) fills the tables, in O(tokens * topk + experts)
+// with no scratch memory (counts serves as the placing cursor, then holds the counts again).
+// Returns false if an id is outside [0, experts) or a count is negative (tables then unspecified).
+TL_HD inline bool moe_route(const int32_t* topk_ids, int64_t tokens, int topk, int experts,
+                            int64_t* counts, int64_t* offsets, int64_t* pair_of_row,
+                            int64_t* row_of_pair) {
+  if (tokens < 0 || topk < 1 || experts < 1) return false;
+  const int64_t pairs = tokens * topk;
+  for (int e = 0; e < experts; ++e) counts[e] = 0;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t e = topk_ids[p];
+    if (e < 0 || e >= experts) return false;
+    ++counts[e];
+  }
+  offsets[0] = 0;
+  for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  for (int e = 0; e < experts; ++e) counts[e] = offsets[e];  // the cursor of each expert's rows
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t row = counts[topk_ids[p]]++;
+    pair_of_row[row] = p;
+    row_of_pair[p] = row;
+  }
+  for (int e = 0; e < experts; ++e) counts[e] -= offsets[e];
+  return true;
+}
+
+// The tables on the host.
+struct MoeRouting {
+  int64_t tokens = 0;
+  int topk = 0, experts = 0;
+  std::vector<int64_t> counts, offsets, pair_of_row, row_of_pair;
+
+  int64_t rows() const { return tokens * topk; }
+  // The token whose hidden state grouped row i reads (layer 0 gathers X by it).
+  int64_t token_of_row(int64_t i) const { return pair_of_row[i] / topk; }
+};
+
+// Checks everything (ids in range, topk_ids.size() == tokens * topk, topk in [1, experts],
+// experts >= 1) and throws tilelink::Error naming the token and slot of a bad id.
+MoeRouting moe_route(std::span<const int32_t> topk_ids, int64_t tokens, int topk, int experts);
+
+}  // namespace tilelink

@@ -1,0 +1,214 @@
+// MoE routing tables and the CPU grouped GEMM / top-k reduce: against brute force and float64.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "../support/random.hpp"
+#include "../support/refused.hpp"
+#include "tilelink/compute/cpu_gemm.hpp"
+#include "tilelink/compute/cpu_moe.hpp"
+#include "tilelink/core/dynamic_partition.hpp"
+#include "tilelink/ops/moe_routing.hpp"
+
+namespace tilelink {
+namespace {
+
+enum class Routing { kUniform, kSkewed, kOneExpert, kEmptyExperts };
+
+// topk distinct experts per token, drawn by the routing pattern.
+std::vector<int32_t> draw_ids(test::Rng& rng, int64_t tokens, int topk, int experts, Routing how) {
+  std::vector<int32_t> ids(tokens * topk);
+  // the experts a token may take: all, a skewed few first, or half of them (the rest get nothing)
+  const int live = how == Routing::kEmptyExperts ? std::max(topk, experts / 2) : experts;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> pool(live);
+    std::iota(pool.begin(), pool.end(), 0);
+    if (how == Routing::kOneExpert) {
+      // every token's first slot takes expert 0 (and the others what is left)
+      std::shuffle(pool.begin() + 1, pool.end(), rng.gen());
+    } else if (how == Routing::kSkewed) {
+      // experts drawn with weight 1 / (1 + e): the low ids take most tokens
+      std::vector<double> w(live);
+      for (int e = 0; e < live; ++e) w[e] = 1.0 / (1.0 + e);
+      for (int s = 0; s < topk; ++s) {
+        std::discrete_distribution<int> d(w.begin() + s, w.end());
+        const int j = s + d(rng.gen());
+        std::swap(pool[s], pool[j]);
+        std::swap(w[s], w[j]);
+      }
+    } else {
+      std::shuffle(pool.begin(), pool.end(), rng.gen());
+    }
+    for (int s = 0; s < topk; ++s) ids[t * topk + s] = pool[s];
+  }
+  return ids;
+}
+
+const char* name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kSkewed: return "skewed";
+    case Routing::kOneExpert: return "one-expert";
+    case Routing::kEmptyExperts: return "empty-experts";
+  }
+  return "?";
+}
+
+TEST(MoeRouting, TablesMatchBruteForce) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int experts = rng.coin(0.2) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 256);
+    const int topk = rng.uniform_int(1, std::min(8, experts));
+    const int64_t tokens = rng.coin(0.1) ? 0 : rng.uniform(1, 300);
+    const Routing how = static_cast<Routing>(rng.uniform_int(0, 3));
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " tokens " << tokens << " topk " << topk
+                                      << " experts " << experts << " " << name(how));
+    const std::vector<int32_t> ids = draw_ids(rng, tokens, topk, experts, how);
+    const MoeRouting r = moe_route(ids, tokens, topk, experts);
+    ASSERT_EQ(r.rows(), tokens * topk);
+    // counts and offsets by brute force
+    std::vector<int64_t> counts(experts, 0);
+    for (int32_t e : ids) ++counts[e];
+    EXPECT_EQ(r.counts, counts);
+    ASSERT_EQ(r.offsets.front(), 0);
+    for (int e = 0; e < experts; ++e) EXPECT_EQ(r.offsets[e + 1] - r.offsets[e], counts[e]);
+    // the rows: a permutation of the pairs, each in its expert's range, ascending within it,
+    // and row_of_pair its inverse
+    std::vector<int> seen(tokens * topk, 0);
+    for (int e = 0; e < experts; ++e) {
+      for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) {
+        const int64_t p = r.pair_of_row[i];
+        ASSERT_GE(p, 0);
+        ASSERT_LT(p, tokens * topk);
+        EXPECT_EQ(ids[p], e) << "row " << i;
+        if (i > r.offsets[e]) {
+          EXPECT_LT(r.pair_of_row[i - 1], p) << "row " << i;
+        }
+        EXPECT_EQ(r.row_of_pair[p], i);
+        EXPECT_EQ(r.token_of_row(i), p / topk);
+        ++seen[p];
+      }
+    }
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+    // the offsets are a dynamic partition's table
+    const DynamicRowPartition part{experts, r.offsets.data()};
+    EXPECT_EQ(part.total(), tokens * topk);
+    for (int64_t i = 0; i < r.rows(); ++i) EXPECT_EQ(ids[r.pair_of_row[i]], part.owner_of_row(i));
+  }
+}
+
+TEST(MoeRouting, ImbalancedRoutings) {
+  TL_SEEDED_RNG(rng);
+  const int64_t tokens = 64;
+  {  // one expert takes every token
+    const MoeRouting r = moe_route(std::vector<int32_t>(tokens, 3), tokens, 1, 8);
+    EXPECT_EQ(r.counts[3], tokens);
+    for (int e = 0; e < 8; ++e)
+      if (e != 3) {
+        EXPECT_EQ(r.counts[e], 0);
+      }
+    for (int64_t i = 0; i < tokens; ++i) EXPECT_EQ(r.pair_of_row[i], i);
+  }
+  {  // empty experts, top-8 of 256
+    const std::vector<int32_t> ids = draw_ids(rng, tokens, 8, 256, Routing::kEmptyExperts);
+    const MoeRouting r = moe_route(ids, tokens, 8, 256);
+    EXPECT_EQ(std::count(r.counts.begin(), r.counts.end(), 0) >= 128, true);
+    EXPECT_EQ(r.offsets.back(), tokens * 8);
+  }
+  {  // no tokens
+    const MoeRouting r = moe_route({}, 0, 2, 8);
+    EXPECT_EQ(r.offsets.back(), 0);
+  }
+}
+
+TEST(MoeRouting, RefusesBadIds) {
+  std::vector<int32_t> ids{0, 1, 2, 7};  // token 1, slot 1 names expert 7 of 4
+  test::expect_refused([&] { moe_route(ids, 2, 2, 4); }, "token 1, slot 1 names expert 7");
+  ids[3] = -1;
+  test::expect_refused([&] { moe_route(ids, 2, 2, 4); }, "names expert -1");
+  test::expect_refused([&] { moe_route(ids, 3, 2, 4); }, "topk_ids holds 4 ids");
+  test::expect_refused([&] { moe_route(ids, 2, 5, 4); }, "top-k must be in [1, experts = 4]");
+  test::expect_refused([&] { moe_route(ids, 2, 2, 0); }, "experts must be at least 1");
+  // the device form reports by its result
+  std::vector<int64_t> counts(4), offsets(5), rows(4), pairs(4);
+  EXPECT_FALSE(moe_route(ids.data(), 2, 2, 4, counts.data(), offsets.data(), rows.data(), pairs.data()));
+}
+
+// Layer 0 (gather X by token, per-expert W1) then the top-k reduce of layer 1's shape, against
+// float64, every dtype.
+TEST(MoeCompute, GroupedGemmAndTopkReduceMatchFloat64) {
+  TL_SEEDED_RNG(rng);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      const int experts = rng.uniform_int(1, 16);
+      const int topk = rng.uniform_int(1, std::min(4, experts));
+      const int64_t tokens = rng.uniform(0, 40), h = 8 * rng.uniform(1, 8), f = 8 * rng.uniform(1, 6);
+      const Routing how = static_cast<Routing>(rng.uniform_int(0, 3));
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " trial " << trial << " tokens " << tokens
+                                        << " topk " << topk << " experts " << experts << " H " << h
+                                        << " F " << f << " " << name(how));
+      const std::vector<int32_t> ids = draw_ids(rng, tokens, topk, experts, how);
+      const MoeRouting r = moe_route(ids, tokens, topk, experts);
+      const auto x = rng.tensor(dtype, tokens * h);
+      std::vector<std::vector<std::byte>> w1(experts);
+      std::vector<ExpertWeight> w1s(experts);
+      for (int e = 0; e < experts; ++e) w1[e] = rng.tensor(dtype, f * h), w1s[e] = {w1[e].data(), 0};
+      std::vector<int64_t> a_rows(r.rows());
+      for (int64_t i = 0; i < r.rows(); ++i) a_rows[i] = r.token_of_row(i);
+      std::vector<std::byte> h1(r.rows() * f * dtype_size(dtype));
+      test::poison(h1);
+      moe_grouped_gemm_cpu(x.data(), h, a_rows, r.offsets, w1s, h1.data(), f, f, h, dtype);
+      const std::vector<double> ref = moe_grouped_gemm_f64(x.data(), h, a_rows, r.offsets, w1s, f, h, dtype);
+      const double tol = dtype == DType::kF32 ? 1e-5 : 1e-2;
+      if (r.rows() > 0) {
+        EXPECT_LT(relative_error(h1.data(), dtype, ref), tol);
+      }
+      // each row is its token's X times its expert's W1 (the brute force of the gather)
+      for (int64_t p = 0; p < r.rows(); ++p) {
+        const int64_t i = r.row_of_pair[p], t = p / topk;
+        const int e = ids[p];
+        double acc = 0;
+        for (int64_t q = 0; q < h; ++q)
+          acc += double(load_as_float(x.data(), dtype, t * h + q)) * load_as_float(w1[e].data(), dtype, q);
+        EXPECT_NEAR(ref[i * f], acc, 1e-9 * (1 + std::abs(acc))) << "pair " << p;
+      }
+      // the top-k reduce over h1 as layer 1's output [rows, f]
+      std::vector<float> weights(r.rows());
+      for (float& v : weights) v = rng.uniform_float(0.f, 1.f);
+      std::vector<std::byte> y(tokens * f * dtype_size(dtype));
+      test::poison(y);
+      moe_topk_reduce_cpu(h1.data(), f, r, weights, y.data(), f, f, dtype);
+      std::vector<double> h1d(r.rows() * f);
+      for (int64_t i = 0; i < r.rows() * f; ++i) h1d[i] = load_as_float(h1.data(), dtype, i);
+      const std::vector<double> yref = moe_topk_reduce_f64(h1d, r, weights, f);
+      if (tokens > 0) {
+        EXPECT_LT(relative_error(y.data(), dtype, yref), tol);
+      }
+    }
+  }
+}
+
+TEST(MoeCompute, RefusesBadTables) {
+  const std::vector<std::byte> a(64), out(64);
+  std::vector<ExpertWeight> w(2, ExpertWeight{a.data(), 0});
+  const std::vector<int64_t> offsets{0, 2, 1};
+  test::expect_refused(
+      [&] { moe_grouped_gemm_cpu(a.data(), 8, {}, offsets, w, (void*)out.data(), 8, 8, 8, DType::kF32); },
+      "offsets decrease at expert 1");
+  const std::vector<int64_t> short_offsets{0, 1};
+  test::expect_refused(
+      [&] { moe_grouped_gemm_cpu(a.data(), 8, {}, short_offsets, w, (void*)out.data(), 8, 8, 8, DType::kF32); },
+      "2 offsets for 2 experts");
+  const MoeRouting r = moe_route(std::vector<int32_t>{0, 1}, 2, 1, 2);
+  test::expect_refused(
+      [&] { moe_topk_reduce_cpu(a.data(), 8, r, std::vector<float>(3), (void*)out.data(), 8, 8, DType::kF32); },
+      "3 weights for 2 tokens");
+}
+
+}  // namespace
+}  // namespace tilelink
