@@ -10,6 +10,7 @@
 
 #include "../support/random.hpp"
 #include "../support/refused.hpp"
+#include "tilelink/backend/cpu/moe_ops.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/compute/cpu_moe.hpp"
 #include "tilelink/core/dynamic_partition.hpp"
@@ -208,6 +209,105 @@ TEST(MoeCompute, RefusesBadTables) {
   test::expect_refused(
       [&] { moe_topk_reduce_cpu(a.data(), 8, r, std::vector<float>(3), (void*)out.data(), 8, 8, DType::kF32); },
       "3 weights for 2 tokens");
+}
+
+// Layer 0 on CPU worlds of 1-8 ranks: ragged tokens (empty segments), ragged F_r, every routing
+// pattern, pull and push, random tiles and workers; every call against float64 and bit for bit
+// against the unfused baseline, outputs poisoned first; two calls a world with fresh routing (the
+// tables are dynamic), the grouped layout checked against the routing of every rank's ids.
+TEST(MoeAgGemm, MatchesFloat64AndUnfusedOnAnyWorld) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int W = rng.uniform_int(1, 8);
+    const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 40);
+    const int topk = rng.uniform_int(1, std::min(8, experts));
+    const int64_t tokens = rng.uniform(0, 48), h = 8 * rng.uniform(1, 6);
+    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16});
+    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
+    std::vector<int64_t> f(W);
+    for (auto& v : f) v = 8 * rng.uniform(1, 4);
+    MoeAgGemmConfig cfg;
+    cfg.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
+    cfg.comm_tile_rows = rng.uniform_int(1, 16);
+    cfg.tile_m = rng.uniform_int(1, 32);
+    cfg.tile_n = rng.uniform_int(1, 40);
+    cfg.comm_workers = rng.uniform_int(1, 3);
+    cfg.compute_workers = rng.uniform_int(1, 3);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " tokens " << tokens << " H " << h
+                                      << " experts " << experts << " topk " << topk << " " << dtype_name(dtype)
+                                      << (cfg.mode == CommMode::kPull ? " pull" : " push") << " comm tile "
+                                      << cfg.comm_tile_rows << " tile " << cfg.tile_m << "x" << cfg.tile_n);
+    cpu::World world(W);
+    cpu::MoeAgGemm op(world, part, h, f, experts, topk, dtype, cfg);
+    const auto x = rng.tensor(dtype, tokens * h);
+    std::vector<std::vector<std::byte>> w1(W);
+    for (int r = 0; r < W; ++r) w1[r] = rng.tensor(dtype, experts * f[r] * h);
+    const int64_t eb = dtype_size(dtype);
+    for (int call = 0; call < 2; ++call) {
+      SCOPED_TRACE(::testing::Message() << "call " << call);
+      const Routing how = static_cast<Routing>(rng.uniform_int(0, 3));
+      const std::vector<int32_t> ids = draw_ids(rng, tokens, topk, experts, how);
+      const MoeRouting want = moe_route(ids, tokens, topk, experts);
+      std::vector<std::vector<std::byte>> fused(W), unfused(W);
+      for (int r = 0; r < W; ++r) {
+        fused[r].resize(tokens * topk * f[r] * eb);
+        unfused[r].resize(fused[r].size());
+        test::poison(fused[r]);
+        test::poison(unfused[r]);
+      }
+      auto x_of = [&](int r) { return x.data() + part.begin(r) * h * eb; };
+      auto ids_of = [&](int r) { return ids.data() + part.begin(r) * topk; };
+      world.run([&](cpu::RankContext& ctx) {
+        op.run(ctx, x_of(ctx.rank), ids_of(ctx.rank), w1[ctx.rank].data(), fused[ctx.rank].data());
+      });
+      for (int r = 0; r < W; ++r) {
+        ASSERT_EQ(op.routing(r).pair_of_row, want.pair_of_row) << "rank " << r;
+        ASSERT_EQ(op.routing(r).offsets, want.offsets) << "rank " << r;
+      }
+      world.run([&](cpu::RankContext& ctx) {
+        op.run_unfused(ctx, x_of(ctx.rank), ids_of(ctx.rank), w1[ctx.rank].data(), unfused[ctx.rank].data());
+      });
+      std::vector<int64_t> a_rows(want.rows());
+      for (int64_t i = 0; i < want.rows(); ++i) a_rows[i] = want.token_of_row(i);
+      for (int r = 0; r < W; ++r) {
+        SCOPED_TRACE(::testing::Message() << "rank " << r);
+        EXPECT_EQ(fused[r], unfused[r]) << "fused and unfused differ";
+        if (want.rows() == 0) continue;
+        std::vector<ExpertWeight> ws(experts);
+        for (int e = 0; e < experts; ++e) ws[e] = {w1[r].data() + e * f[r] * h * eb, 0};
+        const std::vector<double> ref = moe_grouped_gemm_f64(x.data(), h, a_rows, want.offsets, ws, f[r], h, dtype);
+        EXPECT_LT(relative_error(fused[r].data(), dtype, ref), dtype == DType::kF32 ? 1e-5 : 1e-2);
+      }
+    }
+  }
+}
+
+// An id out of range on one rank is refused on every rank (each sees it after the AllGather), with
+// the token and slot named; the world runs again after it.
+TEST(MoeAgGemm, RefusesABadIdOnEveryRank) {
+  const int W = 3, experts = 4, topk = 2;
+  const int64_t tokens = 6, h = 8;
+  const RowPartition part = RowPartition::even(tokens, W);
+  cpu::World world(W);
+  cpu::MoeAgGemm op(world, part, h, {8, 8, 8}, experts, topk, DType::kF32, {});
+  std::vector<float> x(tokens * h, 1.0f), w1(experts * 8 * h, 1.0f);
+  std::vector<int32_t> ids{0, 1, 2, 3, 0, 9, 1, 2, 3, 0, 1, 2};  // token 2 (rank 1's first), slot 1
+  std::vector<std::vector<float>> out(W, std::vector<float>(tokens * topk * 8));
+  for (bool fused : {true, false}) {
+    test::expect_refused(
+        [&] {
+          world.run([&](cpu::RankContext& ctx) {
+            const int r = ctx.rank;
+            if (fused) op.run(ctx, x.data() + part.begin(r) * h, ids.data() + part.begin(r) * topk, w1.data(), out[r].data());
+            else op.run_unfused(ctx, x.data() + part.begin(r) * h, ids.data() + part.begin(r) * topk, w1.data(), out[r].data());
+          });
+        },
+        "token 2, slot 1 names expert 9");
+  }
+  test::expect_refused([&] { cpu::MoeAgGemm bad(world, part, h, {8, 8}, experts, topk, DType::kF32, {}); },
+                       "2 F_r values for a world of 3");
+  test::expect_refused([&] { cpu::MoeAgGemm bad(world, part, h, {8, 8, 8}, experts, 5, DType::kF32, {}); },
+                       "top-k must be in [1, experts = 4]");
 }
 
 }  // namespace

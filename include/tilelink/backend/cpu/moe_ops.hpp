@@ -1,0 +1,47 @@
+// The MoE ops on the CPU backend (the reference of every backend), each beside its unfused
+// baseline.
+//
+//   cpu::World world(2);
+//   cpu::MoeAgGemm op(world, RowPartition::even(M, 2), H, /*ffn_per_rank=*/{f0, f1}, E, topk,
+//                     DType::kBF16, cfg);
+//   world.run([&](cpu::RankContext& ctx) {
+//     op.run(ctx, x[ctx.rank], topk_ids[ctx.rank], w1[ctx.rank], out[ctx.rank]);
+//   });
+//   const MoeRouting& routing = op.routing(0);  // the grouped rows' layout of the last call
+#pragma once
+
+#include <vector>
+
+#include "tilelink/backend/cpu/world.hpp"
+#include "tilelink/ops/moe_plan.hpp"
+#include "tilelink/ops/moe_routing.hpp"
+
+namespace tilelink::cpu {
+
+// Layer 0 of a tensor-parallel MoE layer: AllGather of the tokens and their routing, then the
+// grouped GEMM of every (token, slot) pair with this rank's shard of its expert's W1.
+class MoeAgGemm {
+ public:
+  // ffn_per_rank[r] = F_r, the rows of each expert's W1 shard on rank r.
+  MoeAgGemm(World& world, const RowPartition& tokens, int64_t hidden,
+            const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype,
+            const MoeAgGemmConfig& config);
+  const MoeAgGemmPlan& plan(int rank) const { return plans_.at(rank); }
+  // Rank ctx.rank: x = X_r [M_r, H], topk_ids = [M_r, topk] int32, w1 = [experts, F_r, H],
+  // out = [M * topk, F_r], its rows in the grouped order of routing(rank). An id outside
+  // [0, experts) is refused (tilelink::Error naming the token and slot) on every rank alike.
+  void run(RankContext& ctx, const void* x, const int32_t* topk_ids, const void* w1, void* out);
+  // The unfused baseline: the whole AllGathers (barrier, copies, barrier), the routing, then the
+  // whole grouped GEMM. Bit-identical to run().
+  void run_unfused(RankContext& ctx, const void* x, const int32_t* topk_ids, const void* w1, void* out);
+  // The routing of rank `rank`'s last call (the same tables on every rank).
+  const MoeRouting& routing(int rank) const { return routing_.at(rank); }
+
+ private:
+  std::vector<MoeAgGemmPlan> plans_;
+  SymmetricAllocation ws_;
+  std::vector<uint64_t> epoch_;        // per rank; each rank thread touches only its own entry
+  std::vector<MoeRouting> routing_;    // per rank, likewise
+};
+
+}  // namespace tilelink::cpu
