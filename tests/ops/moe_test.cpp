@@ -310,5 +310,108 @@ TEST(MoeAgGemm, RefusesABadIdOnEveryRank) {
                        "top-k must be in [1, experts = 4]");
 }
 
+// Layer 1 on CPU worlds of 1-8 ranks, as layer 0's test: against float64 (every rank's grouped
+// products, reduced by token in slot order and summed over the ranks) and bit for bit against the
+// unfused baseline, two calls a world with fresh routing.
+TEST(MoeGemmRs, MatchesFloat64AndUnfusedOnAnyWorld) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int W = rng.uniform_int(1, 8);
+    const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 40);
+    const int topk = rng.uniform_int(1, std::min(8, experts));
+    const int64_t tokens = rng.uniform(0, 48), h = 8 * rng.uniform(1, 6);
+    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16});
+    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
+    std::vector<int64_t> f(W);
+    for (auto& v : f) v = 8 * rng.uniform(1, 4);
+    MoeGemmRsConfig cfg;
+    cfg.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
+    cfg.tile_m = rng.uniform_int(1, 32);
+    cfg.tile_n = rng.uniform_int(1, 40);
+    cfg.reduce_tile_m = rng.uniform_int(1, 16);
+    cfg.reduce_tile_n = rng.uniform_int(1, 40);
+    cfg.band_rows = rng.uniform_int(1, 16);
+    cfg.band_cols = rng.uniform_int(1, 40);
+    cfg.comm_workers = rng.uniform_int(1, 3);
+    cfg.compute_workers = rng.uniform_int(1, 3);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " tokens " << tokens << " H " << h
+                                      << " experts " << experts << " topk " << topk << " " << dtype_name(dtype)
+                                      << (cfg.mode == CommMode::kPull ? " pull" : " push") << " tile " << cfg.tile_m
+                                      << "x" << cfg.tile_n << " reduce tile " << cfg.reduce_tile_m << "x"
+                                      << cfg.reduce_tile_n);
+    cpu::World world(W);
+    cpu::MoeGemmRs op(world, part, h, f, experts, topk, dtype, cfg);
+    const int64_t eb = dtype_size(dtype), rows = tokens * topk;
+    std::vector<std::vector<std::byte>> h1(W), w2(W);
+    for (int r = 0; r < W; ++r) h1[r] = rng.tensor(dtype, rows * f[r]), w2[r] = rng.tensor(dtype, experts * h * f[r]);
+    for (int call = 0; call < 2; ++call) {
+      SCOPED_TRACE(::testing::Message() << "call " << call);
+      const std::vector<int32_t> ids = draw_ids(rng, tokens, topk, experts, static_cast<Routing>(rng.uniform_int(0, 3)));
+      std::vector<float> weights(rows);
+      for (float& v : weights) v = rng.uniform_float(0.f, 1.f);
+      const MoeRouting rt = moe_route(ids, tokens, topk, experts);
+      std::vector<std::vector<std::byte>> fused(W), unfused(W);
+      for (int r = 0; r < W; ++r) {
+        fused[r].resize(part.size(r) * h * eb);
+        unfused[r].resize(fused[r].size());
+        test::poison(fused[r]);
+        test::poison(unfused[r]);
+      }
+      world.run([&](cpu::RankContext& ctx) {
+        const int r = ctx.rank;
+        op.run(ctx, h1[r].data(), ids.data(), weights.data(), w2[r].data(), fused[r].data());
+      });
+      world.run([&](cpu::RankContext& ctx) {
+        const int r = ctx.rank;
+        op.run_unfused(ctx, h1[r].data(), ids.data(), weights.data(), w2[r].data(), unfused[r].data());
+      });
+      // float64: Σ over ranks of the top-k reduce of each rank's grouped products
+      std::vector<double> want(tokens * h, 0.0);
+      for (int r = 0; r < W && rows > 0; ++r) {
+        std::vector<ExpertWeight> ws(experts);
+        for (int e = 0; e < experts; ++e) ws[e] = {w2[r].data() + e * h * f[r] * eb, 0};
+        const std::vector<double> y = moe_grouped_gemm_f64(h1[r].data(), f[r], {}, rt.offsets, ws, h, f[r], dtype);
+        const std::vector<double> pr = moe_topk_reduce_f64(y, rt, weights, h);
+        for (int64_t i = 0; i < tokens * h; ++i) want[i] += pr[i];
+      }
+      for (int r = 0; r < W; ++r) {
+        SCOPED_TRACE(::testing::Message() << "rank " << r);
+        EXPECT_EQ(fused[r], unfused[r]) << "fused and unfused differ";
+        if (part.size(r) == 0) continue;
+        const std::vector<double> mine(want.begin() + part.begin(r) * h, want.begin() + part.end(r) * h);
+        EXPECT_LT(relative_error(fused[r].data(), dtype, mine), dtype == DType::kF32 ? 1e-5 : 2e-2);
+      }
+    }
+  }
+}
+
+TEST(MoeGemmRs, RefusesBadInput) {
+  const int W = 2, experts = 4, topk = 2;
+  const int64_t tokens = 4, h = 8;
+  const RowPartition part = RowPartition::even(tokens, W);
+  cpu::World world(W);
+  cpu::MoeGemmRs op(world, part, h, {8, 8}, experts, topk, DType::kF32, {});
+  std::vector<float> h1(tokens * topk * 8, 1.0f), w2(experts * h * 8, 1.0f), weights(tokens * topk, 0.5f);
+  const std::vector<int32_t> ids{0, 1, 2, 3, 0, 4, 1, 2};  // token 2, slot 1: expert 4 of 4
+  std::vector<std::vector<float>> c(W, std::vector<float>(2 * h));
+  for (bool fused : {true, false}) {
+    test::expect_refused(
+        [&] {
+          world.run([&](cpu::RankContext& ctx) {
+            const int r = ctx.rank;
+            if (fused) op.run(ctx, h1.data(), ids.data(), weights.data(), w2.data(), c[r].data());
+            else op.run_unfused(ctx, h1.data(), ids.data(), weights.data(), w2.data(), c[r].data());
+          });
+        },
+        "token 2, slot 1 names expert 4");
+  }
+  test::expect_refused([&] { cpu::MoeGemmRs bad(world, part, h, {8}, experts, topk, DType::kF32, {}); },
+                       "1 F_r values for a world of 2");
+  MoeGemmRsConfig zero;
+  zero.reduce_tile_m = 0;
+  test::expect_refused([&] { cpu::MoeGemmRs bad(world, part, h, {8, 8}, experts, topk, DType::kF32, zero); },
+                       "tile and band sizes must be >= 1");
+}
+
 }  // namespace
 }  // namespace tilelink

@@ -24,6 +24,7 @@
 #pragma once
 
 #include "tilelink/comm/allgather.hpp"
+#include "tilelink/comm/reduce_scatter.hpp"
 #include "tilelink/core/dtype.hpp"
 #include "tilelink/core/partition.hpp"
 #include "tilelink/core/workspace.hpp"
@@ -64,6 +65,60 @@ struct MoeAgGemmPlan {
     const int owner = x.tiles.rank_of(x.tiles.tile_of_row(token));
     return (owner - rank + world_size) % world_size;
   }
+};
+
+// MoeGemmRsPlan: the plan of a MoE layer's second half, fused grouped GEMM + top-k reduce +
+// ReduceScatter, shared by every backend.
+//
+// Rank r holds the grouped rows of its F shard, H1_r [M * topk, F_r] (layer 0's output after the
+// activation, in the grouped order of ops/moe_routing.hpp), for every expert its shard of W2:
+// W2_r[e] [H, F_r] (one tensor [experts, H, F_r]), and the routing of every token: topk_ids and
+// topk_weights [M, topk] (the same on every rank). Each rank computes Y_r = H1_r · W2_r[e]ᵀ per
+// expert [M * topk, H], combines each token's topk rows with its weights in slot order (the top-k
+// reduce) into a partial P_r [M, H], and a ReduceScatter returns to rank r its M_r rows of
+// Σ_s P_s, ranks summed in rank order in fp32: C_r [M_r, H].
+//
+//   pair tiles   a DynamicTileGrid over the grouped rows (groups = experts) and H, tile_m x tile_n;
+//                tile t announced on `pair_done[t]` (this rank's) once its Y rows are stored
+//   reduce tiles the ReduceScatter's producer grid over P [M, H], reduce_tile_m tokens x
+//                reduce_tile_n columns; a tile waits on the pair tiles holding its tokens' rows
+//                (a dynamic mapping, from the routing), sums them, and is published to the
+//                ReduceScatter (comm/reduce_scatter.hpp)
+//   order        reduce tiles from the segment of rank + 1 on (the owner the ReduceScatter serves
+//                first), pair tiles in id order
+//   workspace    the ReduceScatter's fields, `pair_done` [max pair tiles], the entry barrier
+struct MoeGemmRsConfig {
+  CommMode mode = CommMode::kPull;
+  int tile_m = 128;         // grouped rows per pair tile
+  int tile_n = 128;         // H columns per pair tile
+  int reduce_tile_m = 64;   // tokens per reduce tile (the ReduceScatter's producer tile)
+  int reduce_tile_n = 128;  // H columns per reduce tile
+  int band_rows = 32;       // the ReduceScatter's items
+  int band_cols = 512;
+  int comm_workers = 1;
+  int compute_workers = 1;
+};
+
+struct MoeGemmRsPlan {
+  int rank = 0;
+  int world_size = 1;
+  DType dtype = DType::kBF16;
+  int64_t hidden = 0;  // H: the output's columns
+  int64_t ffn = 0;     // F_r: the GEMM's K on this rank
+  int experts = 0;
+  int topk = 0;
+  ReduceScatterPlan rs;     // over the tokens' rows of P [M, H]
+  TileOrder reduce_order;   // over rs.producer
+  Field<Signal> pair_done;  // [max_pair_tiles]
+  int max_pair_tiles = 0;
+  Field<Signal> barrier;
+  uint64_t ws_bytes = 0;
+  MoeGemmRsConfig config;
+
+  static MoeGemmRsPlan make(int rank, const RowPartition& tokens, int64_t hidden, int64_t ffn_local,
+                            int experts, int topk, DType dtype, const MoeGemmRsConfig& config);
+  TL_HD int64_t tokens() const { return rs.m(); }
+  TL_HD int64_t rows() const { return tokens() * topk; }
 };
 
 }  // namespace tilelink

@@ -10,6 +10,7 @@
 //   const MoeRouting& routing = op.routing(0);  // the grouped rows' layout of the last call
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include "tilelink/backend/cpu/world.hpp"
@@ -42,6 +43,32 @@ class MoeAgGemm {
   SymmetricAllocation ws_;
   std::vector<uint64_t> epoch_;        // per rank; each rank thread touches only its own entry
   std::vector<MoeRouting> routing_;    // per rank, likewise
+};
+
+// Layer 1: the grouped GEMM of every pair's H1 row with this rank's shard of its expert's W2, the
+// top-k reduce per token, and the ReduceScatter of the partials over the ranks.
+class MoeGemmRs {
+ public:
+  // ffn_per_rank[r] = F_r, the columns of each expert's W2 shard on rank r.
+  MoeGemmRs(World& world, const RowPartition& tokens, int64_t hidden,
+            const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype,
+            const MoeGemmRsConfig& config);
+  const MoeGemmRsPlan& plan(int rank) const { return plans_.at(rank); }
+  // Rank ctx.rank: h1 = [M * topk, F_r] in the grouped order of the routing of topk_ids,
+  // topk_ids = [M, topk] int32 and topk_weights = [M, topk] fp32 (every token's, the same on every
+  // rank), w2 = [experts, H, F_r], c = C_r [M_r, H].
+  void run(RankContext& ctx, const void* h1, const int32_t* topk_ids, const float* topk_weights,
+           const void* w2, void* c);
+  // The unfused baseline: the whole grouped GEMM, the whole top-k reduce, a barrier, then each
+  // rank's rows summed over the ranks. Bit-identical to run().
+  void run_unfused(RankContext& ctx, const void* h1, const int32_t* topk_ids, const float* topk_weights,
+                   const void* w2, void* c);
+
+ private:
+  std::vector<MoeGemmRsPlan> plans_, baseline_plans_;  // the baseline: pull (whole partials)
+  SymmetricAllocation ws_, baseline_ws_;
+  std::vector<uint64_t> epoch_;
+  std::vector<std::vector<std::byte>> y_;  // per rank: Y [M * topk, H], the grouped GEMM's output
 };
 
 }  // namespace tilelink::cpu

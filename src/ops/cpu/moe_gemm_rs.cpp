@@ -1,0 +1,176 @@
+// MoE layer 1 (grouped GEMM + top-k reduce + ReduceScatter) on the CPU backend: the programs of
+// ops/moe_plan.hpp's MoeGemmRsPlan.
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include "tilelink/backend/cpu/comm_exec.hpp"
+#include "tilelink/backend/cpu/moe_ops.hpp"
+#include "tilelink/backend/cpu/prim.hpp"
+#include "tilelink/backend/cpu/workers.hpp"
+#include "tilelink/compute/cpu_gemm.hpp"
+#include "tilelink/compute/cpu_moe.hpp"
+#include "tilelink/core/dynamic_tile_grid.hpp"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::cpu {
+
+namespace {
+
+// The routing of a call and the pair tiles' grid over it.
+struct PairGrid {
+  MoeRouting routing;
+  std::vector<int> first;
+  DynamicTileGrid grid;
+
+  PairGrid(const MoeGemmRsPlan& p, const int32_t* ids)
+      : routing(moe_route(std::span<const int32_t>(ids, static_cast<size_t>(p.rows())), p.tokens(), p.topk,
+                          p.experts)),
+        first(p.experts + 1) {
+    grid = DynamicTileGrid::make(DynamicRowPartition{p.experts, routing.offsets.data()}, p.hidden,
+                                 p.config.tile_m, p.config.tile_n, first.data());
+    fill_first_tiles(grid, std::span<int>(first));
+    TL_REQUIRE(grid.num_tiles() <= p.max_pair_tiles, "moe_gemm_rs: the routing gives more pair tiles than the plan holds");
+  }
+  // The pair tile holding grouped row i, column tile n.
+  int tile_of(int64_t i, int n) const {
+    const int e = DynamicRowPartition{static_cast<int>(first.size()) - 1, routing.offsets.data()}.owner_of_row(i);
+    return grid.linear(GroupTileCoord{e, static_cast<int>((i - routing.offsets[e]) / grid.tile_m), n});
+  }
+};
+
+// Y rows of one pair tile: H1 rows times the expert's W2 shard.
+void pair_tile(const MoeGemmRsPlan& p, const PairGrid& pg, const void* h1, const void* w2, std::byte* y, int t) {
+  const GroupTileCoord c = pg.grid.coord(t);
+  const Rect r = pg.grid.region(c);
+  const int64_t eb = dtype_size(p.dtype), f = p.ffn, h = p.hidden;
+  gemm_tile_cpu(static_cast<const std::byte*>(h1) + r.row * f * eb, f,
+                static_cast<const std::byte*>(w2) + (int64_t{c.group} * h + r.col) * f * eb, f,
+                y + (r.row * h + r.col) * eb, h, p.dtype, r.rows, r.cols, f);
+}
+
+// The top-k reduce of a rect of P: each token's rows in slot order, fp32, rounded once.
+void reduce_rect(const MoeGemmRsPlan& p, const MoeRouting& rt, const float* weights, const std::byte* y,
+                 const Rect& r, std::byte* dst, int64_t ld) {
+  for (int64_t t = r.row; t < r.row + r.rows; ++t)
+    for (int64_t j = 0; j < r.cols; ++j) {
+      float acc = 0.0f;
+      for (int s = 0; s < p.topk; ++s) {
+        const int64_t pair = t * p.topk + s;
+        acc += weights[pair] * load_as_float(y, p.dtype, rt.row_of_pair[pair] * p.hidden + r.col + j);
+      }
+      store_from_float(dst, p.dtype, (t - r.row) * ld + j, acc);
+    }
+}
+
+void check_inputs(const MoeGemmRsPlan& p, int rank, const void* h1, const int32_t* ids, const float* weights,
+                  const void* w2, const void* c) {
+  TL_REQUIRE((h1 && ids && weights) || p.rows() == 0, "moe_gemm_rs: null tensor on rank " << rank);
+  TL_REQUIRE(w2 && (c || p.rs.rows.size(rank) == 0), "moe_gemm_rs: null tensor on rank " << rank);
+}
+
+}  // namespace
+
+MoeGemmRs::MoeGemmRs(World& world, const RowPartition& tokens, int64_t hidden,
+                     const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype,
+                     const MoeGemmRsConfig& config) {
+  TL_REQUIRE(tokens.world_size == world.size(), "moe_gemm_rs: the token partition has "
+                                                    << tokens.world_size << " ranks, the world "
+                                                    << world.size());
+  TL_REQUIRE(static_cast<int>(ffn_per_rank.size()) == world.size(),
+             "moe_gemm_rs: " << ffn_per_rank.size() << " F_r values for a world of " << world.size());
+  MoeGemmRsConfig base = config;
+  base.mode = CommMode::kPull;
+  for (int r = 0; r < world.size(); ++r) {
+    plans_.push_back(MoeGemmRsPlan::make(r, tokens, hidden, ffn_per_rank[r], experts, topk, dtype, config));
+    baseline_plans_.push_back(MoeGemmRsPlan::make(r, tokens, hidden, ffn_per_rank[r], experts, topk, dtype, base));
+  }
+  ws_ = world.allocate(plans_[0].ws_bytes);
+  // NOTE: allocated here, not on first use: ranks call concurrently.
+  baseline_ws_ = world.allocate(baseline_plans_[0].ws_bytes);
+  epoch_.assign(world.size(), 0);
+  y_.resize(world.size());
+  for (int r = 0; r < world.size(); ++r)
+    y_[r].resize(static_cast<size_t>(plans_[r].rows() * hidden * dtype_size(dtype)));
+}
+
+void MoeGemmRs::run(RankContext& ctx, const void* h1, const int32_t* topk_ids, const float* topk_weights,
+                    const void* w2, void* c) {
+  const MoeGemmRsPlan& p = plans_.at(ctx.rank);
+  // NOTE: the epoch advances before any check (see AgGemm::run).
+  const uint64_t epoch = ++epoch_[ctx.rank];
+  check_inputs(p, ctx.rank, h1, topk_ids, topk_weights, w2, c);
+  ctx.op = "moe_gemm_rs";
+  // Every rank routes the same ids alike, so a bad id is refused on every rank before any wait.
+  const PairGrid pg(p, topk_ids);
+  SymmetricView heap = ws_.view(ctx.rank);
+  rank_barrier(ctx, heap, p.barrier, epoch);
+  std::byte* y = y_[ctx.rank].data();
+  const int cw = p.config.comm_workers, kw = p.config.compute_workers;
+  const bool push = p.config.mode == CommMode::kPush;
+  const int64_t eb = dtype_size(p.dtype);
+  run_workers(ctx, {
+      {kw, [&](int w) {
+         // the pair tiles (nothing to wait for: H1 is this rank's), each announced
+         for (int t = w; t < pg.grid.num_tiles(); t += kw) {
+           pair_tile(p, pg, h1, w2, y, t);
+           producer_tile_notify(ctx, heap, p.pair_done, t, epoch);
+         }
+         // the reduce tiles: after the pair tiles of their tokens' rows, published to the RS
+         const CommExec x{ctx, heap};
+         std::vector<char> done(pg.grid.num_tiles(), 0);
+         std::vector<std::byte> buf(push ? static_cast<size_t>(p.rs.producer.tile_m) * p.rs.producer.tile_n * eb : 0);
+         for (int j = w; j < p.reduce_order.count(); j += kw) {
+           const TileCoord tc = p.reduce_order.at(j);
+           const Rect r = p.rs.producer.region(tc);
+           const int n0 = static_cast<int>(r.col / pg.grid.tile_n),
+                     n1 = static_cast<int>((r.col + r.cols - 1) / pg.grid.tile_n);
+           for (int64_t tok = r.row; tok < r.row + r.rows; ++tok)
+             for (int s = 0; s < p.topk; ++s)
+               for (int n = n0; n <= n1; ++n) {
+                 const int pt = pg.tile_of(pg.routing.row_of_pair[tok * p.topk + s], n);
+                 if (done[pt]) continue;
+                 consumer_tile_wait(ctx, heap, p.pair_done, pt, epoch, WaitSite{SignalField::kTileDone, pt});
+                 done[pt] = 1;
+               }
+           std::byte* dst = push ? buf.data() : heap.local(p.rs.f.partial) + (r.row * p.hidden + r.col) * eb;
+           const int64_t ld = push ? r.cols : p.hidden;
+           reduce_rect(p, pg.routing, topk_weights, y, r, dst, ld);
+           reduce_scatter_publish(x, p.rs, p.rs.producer.linear(tc), dst, ld, epoch);
+         }
+       }},
+      {cw, [&](int w) {  // the ReduceScatter's program
+         const CommExec x{ctx, heap};
+         for (int j = w; j < p.rs.count(); j += cw) reduce_scatter_item(x, p.rs, j, epoch, c);
+       }},
+  });
+}
+
+void MoeGemmRs::run_unfused(RankContext& ctx, const void* h1, const int32_t* topk_ids,
+                            const float* topk_weights, const void* w2, void* c) {
+  const MoeGemmRsPlan& p = baseline_plans_.at(ctx.rank);
+  const uint64_t epoch = epoch_[ctx.rank] += 2;  // two barriers: epoch - 1, then epoch
+  check_inputs(p, ctx.rank, h1, topk_ids, topk_weights, w2, c);
+  ctx.op = "moe_gemm_rs(unfused)";
+  const MoeRouting routing =
+      moe_route(std::span<const int32_t>(topk_ids, static_cast<size_t>(p.rows())), p.tokens(), p.topk, p.experts);
+  SymmetricView heap = baseline_ws_.view(ctx.rank);
+  rank_barrier(ctx, heap, p.barrier, epoch - 1);
+  // The whole grouped GEMM, then the whole top-k reduce into this rank's partial.
+  const int64_t eb = dtype_size(p.dtype);
+  std::vector<ExpertWeight> weights(p.experts);
+  for (int e = 0; e < p.experts; ++e)
+    weights[e] = {static_cast<const std::byte*>(w2) + int64_t{e} * p.hidden * p.ffn * eb, 0};
+  std::byte* y = y_[ctx.rank].data();
+  moe_grouped_gemm_cpu(h1, p.ffn, {}, routing.offsets, weights, y, p.hidden, p.hidden, p.ffn, p.dtype);
+  moe_topk_reduce_cpu(y, p.hidden, routing, std::span<const float>(topk_weights, static_cast<size_t>(p.rows())),
+                      heap.local(p.rs.f.partial), p.hidden, p.hidden, p.dtype);
+  rank_barrier(ctx, heap, p.barrier, epoch);
+  // The ReduceScatter: every source's rows of this rank's segment, summed in rank order.
+  const int64_t seg0 = p.rs.rows.begin(ctx.rank);
+  sum_sources(
+      ctx, p.world_size, [&](int s) { return heap.peer(s, p.rs.f.partial) + seg0 * p.hidden * eb; }, p.hidden, c,
+      p.hidden, p.rs.rows.size(ctx.rank), p.hidden, p.dtype);
+}
+
+}  // namespace tilelink::cpu
