@@ -36,10 +36,12 @@ MoeAgGemmPlan MoeAgGemmPlan::make(int rank, const RowPartition& tokens, int64_t 
   p.config = config;
   p.ids = AllGatherPlan::make(rank, tokens, int64_t{topk} * 4, config.comm_tile_rows, config.mode);
   p.x = AllGatherPlan::make(rank, tokens, hidden * dtype_size(dtype), config.comm_tile_rows, config.mode);
+  p.weights = AllGatherPlan::make(rank, tokens, int64_t{topk} * 4, config.comm_tile_rows, config.mode);
   // NOTE: the layout depends on (tokens, H, top-k, world, comm tiling), never on the rank.
   LayoutBuilder b;
   p.ids.make_layout(b);
   p.x.make_layout(b);
+  p.weights.make_layout(b);
   p.barrier = b.add<Signal>(tokens.world_size);
   p.routed = b.add<Signal>(1);
   p.ws_bytes = b.num_bytes();
@@ -59,7 +61,9 @@ MoeGemmRsPlan MoeGemmRsPlan::make(int rank, const RowPartition& tokens, int64_t 
   TL_REQUIRE(experts >= 1, op << ": experts must be at least 1, got " << experts);
   TL_REQUIRE(topk >= 1 && topk <= experts,
              op << ": top-k must be in [1, experts = " << experts << "], got " << topk);
-  TL_REQUIRE(tokens.total() <= (int64_t{1} << 40) / topk, op << ": " << tokens.total() << " tokens is out of range");
+  TL_REQUIRE(tokens.total() >= 1 && tokens.total() <= (int64_t{1} << 40) / topk,
+             op << ": " << tokens.total() << " tokens is out of range (at least one token: the "
+                << "ReduceScatter's rows)");
   for (int v : {config.tile_m, config.tile_n, config.reduce_tile_m, config.reduce_tile_n,
                 config.band_rows, config.band_cols})
     TL_REQUIRE(v >= 1, op << ": tile and band sizes must be >= 1, got " << v);

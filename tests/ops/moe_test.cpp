@@ -255,17 +255,24 @@ TEST(MoeAgGemm, MatchesFloat64AndUnfusedOnAnyWorld) {
         test::poison(fused[r]);
         test::poison(unfused[r]);
       }
+      std::vector<float> weights(tokens * topk);
+      for (float& v : weights) v = rng.uniform_float(0.f, 1.f);
       auto x_of = [&](int r) { return x.data() + part.begin(r) * h * eb; };
       auto ids_of = [&](int r) { return ids.data() + part.begin(r) * topk; };
+      auto weights_of = [&](int r) { return weights.data() + part.begin(r) * topk; };
       world.run([&](cpu::RankContext& ctx) {
-        op.run(ctx, x_of(ctx.rank), ids_of(ctx.rank), w1[ctx.rank].data(), fused[ctx.rank].data());
+        const int r = ctx.rank;
+        op.run(ctx, x_of(r), ids_of(r), weights_of(r), w1[r].data(), fused[r].data());
       });
       for (int r = 0; r < W; ++r) {
         ASSERT_EQ(op.routing(r).pair_of_row, want.pair_of_row) << "rank " << r;
         ASSERT_EQ(op.routing(r).offsets, want.offsets) << "rank " << r;
+        EXPECT_TRUE(std::equal(ids.begin(), ids.end(), op.gathered_ids(r))) << "rank " << r;
+        EXPECT_TRUE(std::equal(weights.begin(), weights.end(), op.gathered_weights(r))) << "rank " << r;
       }
       world.run([&](cpu::RankContext& ctx) {
-        op.run_unfused(ctx, x_of(ctx.rank), ids_of(ctx.rank), w1[ctx.rank].data(), unfused[ctx.rank].data());
+        const int r = ctx.rank;
+        op.run_unfused(ctx, x_of(r), ids_of(r), weights_of(r), w1[r].data(), unfused[r].data());
       });
       std::vector<int64_t> a_rows(want.rows());
       for (int64_t i = 0; i < want.rows(); ++i) a_rows[i] = want.token_of_row(i);
@@ -290,7 +297,7 @@ TEST(MoeAgGemm, RefusesABadIdOnEveryRank) {
   const RowPartition part = RowPartition::even(tokens, W);
   cpu::World world(W);
   cpu::MoeAgGemm op(world, part, h, {8, 8, 8}, experts, topk, DType::kF32, {});
-  std::vector<float> x(tokens * h, 1.0f), w1(experts * 8 * h, 1.0f);
+  std::vector<float> x(tokens * h, 1.0f), w1(experts * 8 * h, 1.0f), weights(tokens * topk, 0.5f);
   std::vector<int32_t> ids{0, 1, 2, 3, 0, 9, 1, 2, 3, 0, 1, 2};  // token 2 (rank 1's first), slot 1
   std::vector<std::vector<float>> out(W, std::vector<float>(tokens * topk * 8));
   for (bool fused : {true, false}) {
@@ -298,8 +305,9 @@ TEST(MoeAgGemm, RefusesABadIdOnEveryRank) {
         [&] {
           world.run([&](cpu::RankContext& ctx) {
             const int r = ctx.rank;
-            if (fused) op.run(ctx, x.data() + part.begin(r) * h, ids.data() + part.begin(r) * topk, w1.data(), out[r].data());
-            else op.run_unfused(ctx, x.data() + part.begin(r) * h, ids.data() + part.begin(r) * topk, w1.data(), out[r].data());
+            const float* wr = weights.data() + part.begin(r) * topk;
+            if (fused) op.run(ctx, x.data() + part.begin(r) * h, ids.data() + part.begin(r) * topk, wr, w1.data(), out[r].data());
+            else op.run_unfused(ctx, x.data() + part.begin(r) * h, ids.data() + part.begin(r) * topk, wr, w1.data(), out[r].data());
           });
         },
         "token 2, slot 1 names expert 9");
@@ -319,7 +327,7 @@ TEST(MoeGemmRs, MatchesFloat64AndUnfusedOnAnyWorld) {
     const int W = rng.uniform_int(1, 8);
     const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 40);
     const int topk = rng.uniform_int(1, std::min(8, experts));
-    const int64_t tokens = rng.uniform(0, 48), h = 8 * rng.uniform(1, 6);
+    const int64_t tokens = rng.uniform(1, 48), h = 8 * rng.uniform(1, 6);
     const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16});
     const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
     std::vector<int64_t> f(W);
@@ -407,10 +415,100 @@ TEST(MoeGemmRs, RefusesBadInput) {
   }
   test::expect_refused([&] { cpu::MoeGemmRs bad(world, part, h, {8}, experts, topk, DType::kF32, {}); },
                        "1 F_r values for a world of 2");
+  test::expect_refused([&] { cpu::MoeGemmRs bad(world, RowPartition::even(0, W), h, {8, 8}, experts, topk, DType::kF32, {}); },
+                       "0 tokens is out of range");
   MoeGemmRsConfig zero;
   zero.reduce_tile_m = 0;
   test::expect_refused([&] { cpu::MoeGemmRs bad(world, part, h, {8, 8}, experts, topk, DType::kF32, zero); },
                        "tile and band sizes must be >= 1");
+}
+
+// The whole layer (layer 0, SiLU(gate) · up, layer 1) on CPU worlds of 1-8 ranks, against a float64
+// chain of the same steps and bit for bit against both layers' unfused baselines.
+TEST(MoeMlp, MatchesFloat64AndUnfusedOnAnyWorld) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 16; ++trial) {
+    const int W = rng.uniform_int(1, 8);
+    const int experts = rng.uniform_int(1, 16);
+    const int topk = rng.uniform_int(1, std::min(4, experts));
+    const int64_t tokens = rng.uniform(1, 40), h = 8 * rng.uniform(1, 4);
+    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16});
+    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
+    std::vector<int64_t> f(W);
+    for (auto& v : f) v = 8 * rng.uniform(1, 3);
+    MoeAgGemmConfig c0;
+    c0.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
+    c0.comm_tile_rows = rng.uniform_int(1, 8), c0.tile_m = rng.uniform_int(1, 16), c0.tile_n = rng.uniform_int(1, 24);
+    MoeGemmRsConfig c1;
+    c1.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
+    c1.tile_m = rng.uniform_int(1, 16), c1.tile_n = rng.uniform_int(1, 24);
+    c1.reduce_tile_m = rng.uniform_int(1, 8), c1.reduce_tile_n = rng.uniform_int(1, 24);
+    c0.compute_workers = c1.compute_workers = rng.uniform_int(1, 2);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " tokens " << tokens << " H " << h
+                                      << " experts " << experts << " topk " << topk << " " << dtype_name(dtype));
+    cpu::World world(W);
+    cpu::MoeMlp op(world, part, h, f, experts, topk, dtype, c0, c1);
+    const int64_t eb = dtype_size(dtype), rows = tokens * topk;
+    const auto x = rng.tensor(dtype, tokens * h);
+    std::vector<std::vector<std::byte>> w1(W), w2(W);
+    for (int r = 0; r < W; ++r) w1[r] = rng.tensor(dtype, experts * 2 * f[r] * h), w2[r] = rng.tensor(dtype, experts * h * f[r]);
+    const std::vector<int32_t> ids = draw_ids(rng, tokens, topk, experts, static_cast<Routing>(rng.uniform_int(0, 3)));
+    std::vector<float> weights(rows);
+    for (float& v : weights) v = rng.uniform_float(0.f, 1.f);
+    std::vector<std::vector<std::byte>> fused(W), unfused(W);
+    for (int r = 0; r < W; ++r) {
+      fused[r].resize(part.size(r) * h * eb), unfused[r].resize(part.size(r) * h * eb);
+      test::poison(fused[r]), test::poison(unfused[r]);
+    }
+    auto at = [&](int r) { return part.begin(r); };
+    world.run([&](cpu::RankContext& ctx) {
+      const int r = ctx.rank;
+      op.run(ctx, x.data() + at(r) * h * eb, ids.data() + at(r) * topk, weights.data() + at(r) * topk, w1[r].data(),
+             w2[r].data(), fused[r].data());
+    });
+    world.run([&](cpu::RankContext& ctx) {
+      const int r = ctx.rank;
+      op.run_unfused(ctx, x.data() + at(r) * h * eb, ids.data() + at(r) * topk, weights.data() + at(r) * topk,
+                     w1[r].data(), w2[r].data(), unfused[r].data());
+    });
+    // float64: per rank, gate and up rows, SiLU(gate) · up, times W2, the top-k reduce; summed
+    const MoeRouting rt = moe_route(ids, tokens, topk, experts);
+    std::vector<int64_t> a_rows(rows);
+    for (int64_t i = 0; i < rows; ++i) a_rows[i] = rt.token_of_row(i);
+    std::vector<double> want(tokens * h, 0.0);
+    for (int r = 0; r < W && rows > 0; ++r) {
+      std::vector<ExpertWeight> ws1(experts), ws2(experts);
+      for (int e = 0; e < experts; ++e) {
+        ws1[e] = {w1[r].data() + e * 2 * f[r] * h * eb, 0};
+        ws2[e] = {w2[r].data() + e * h * f[r] * eb, 0};
+      }
+      const std::vector<double> gu = moe_grouped_gemm_f64(x.data(), h, a_rows, rt.offsets, ws1, 2 * f[r], h, dtype);
+      std::vector<double> act(rows * f[r]);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < f[r]; ++j) {
+          const double g = gu[i * 2 * f[r] + j], u = gu[i * 2 * f[r] + f[r] + j];
+          act[i * f[r] + j] = g / (1.0 + std::exp(-g)) * u;
+        }
+      // layer 1 in float64 on the exact activations: y[i, c] = Σ_j act[i, j] · W2_e[c, j]
+      std::vector<double> y(rows * h, 0.0);
+      for (int e = 0; e < experts; ++e)
+        for (int64_t i = rt.offsets[e]; i < rt.offsets[e + 1]; ++i)
+          for (int64_t c = 0; c < h; ++c) {
+            double acc = 0;
+            for (int64_t j = 0; j < f[r]; ++j) acc += act[i * f[r] + j] * load_as_float(ws2[e].w, dtype, c * f[r] + j);
+            y[i * h + c] = acc;
+          }
+      const std::vector<double> pr = moe_topk_reduce_f64(y, rt, weights, h);
+      for (int64_t i = 0; i < tokens * h; ++i) want[i] += pr[i];
+    }
+    for (int r = 0; r < W; ++r) {
+      SCOPED_TRACE(::testing::Message() << "rank " << r);
+      EXPECT_EQ(fused[r], unfused[r]) << "fused and unfused differ";
+      if (part.size(r) == 0) continue;
+      const std::vector<double> mine(want.begin() + at(r) * h, want.begin() + part.end(r) * h);
+      EXPECT_LT(relative_error(fused[r].data(), dtype, mine), dtype == DType::kF32 ? 1e-4 : 3e-2);
+    }
+  }
 }
 
 }  // namespace

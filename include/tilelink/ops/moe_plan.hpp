@@ -2,14 +2,15 @@
 // shared by every backend.
 //
 // Rank r holds M_r tokens X_r [M_r, H] and their routing topk_ids_r [M_r, topk] (int32 expert ids,
-// from the router), and for every expert e its shard of W1: W1_r[e] [F_r, H] (F split over the
+// from the router) and topk_weights_r [M_r, topk] (fp32, gathered for the layer 1 that follows), and for every expert e its shard of W1: W1_r[e] [F_r, H] (F split over the
 // ranks, ragged allowed; one tensor [experts, F_r, H]). Every rank computes, for every pair
 // (token, slot) of every rank's tokens, X[token] · W1_r[e]ᵀ, into the grouped rows of
 // ops/moe_routing.hpp: out_r [M * topk, F_r], expert by expert, each expert's pairs by token and
 // slot.
 //
-//   comm      two AllGathers over the token partition (comm/allgather.hpp), comm_tile_rows tokens
-//             a tile: `ids` (the routing, topk * 4 bytes a token) and `x` (the hidden states)
+//   comm      three AllGathers over the token partition (comm/allgather.hpp), comm_tile_rows
+//             tokens a tile: `ids` (topk * 4 bytes a token), `x` (the hidden states), `weights`
+//             (topk * 4 bytes a token; last: the compute does not read them)
 //   routing   after every `ids` tile: the tables of moe_route, the same on every rank
 //   tiles     a DynamicTileGrid over the grouped rows (groups = experts, rows = counts) and F_r,
 //             tile_m x tile_n; a tile reads the X rows of its pairs' tokens, gathered by index
@@ -17,7 +18,7 @@
 //             of its rows' tokens: a dynamic mapping, from the routing)
 //   order     the tiles whose tokens all sit in earlier pull positions first: this rank's own
 //             tokens, then rank + 1's, ... (the order the pull AllGather brings them)
-//   workspace the two AllGathers' fields, the entry barrier [world] and `routed` (the tables are
+//   workspace the three AllGathers' fields, the entry barrier [world] and `routed` (the tables are
 //             made, for the compute workers that did not make them)
 //
 // Every call uses the next epoch; the routing may change from call to call.
@@ -50,6 +51,7 @@ struct MoeAgGemmPlan {
   int topk = 0;
   AllGatherPlan ids;  // routing rows: topk int32 a token
   AllGatherPlan x;    // hidden states: H elements a token
+  AllGatherPlan weights;  // routing weights: topk fp32 a token
   Field<Signal> barrier;  // the entry barrier of each call
   Field<Signal> routed;   // one: this rank's routing tables are made (compute workers wait on it)
   uint64_t ws_bytes = 0;

@@ -17,7 +17,7 @@ namespace tilelink::cpu {
 
 namespace {
 
-std::span<const int32_t> gathered_ids(const MoeAgGemmPlan& p, const SymmetricView& heap) {
+std::span<const int32_t> ids_of_call(const MoeAgGemmPlan& p, const SymmetricView& heap) {
   return {reinterpret_cast<const int32_t*>(heap.local(p.ids.f.gathered)),
           static_cast<size_t>(p.rows())};
 }
@@ -81,13 +81,14 @@ MoeAgGemm::MoeAgGemm(World& world, const RowPartition& tokens, int64_t hidden,
   routing_.resize(world.size());
 }
 
-void MoeAgGemm::run(RankContext& ctx, const void* x, const int32_t* topk_ids, const void* w1, void* out) {
+void MoeAgGemm::run(RankContext& ctx, const void* x, const int32_t* topk_ids, const float* topk_weights,
+                    const void* w1, void* out) {
   const MoeAgGemmPlan& p = plans_.at(ctx.rank);
   // NOTE: the epoch advances before any check: a call refused on one rank must not leave that
   // rank's epoch behind its peers', or every later call would wait on signals that never come.
   const uint64_t epoch = ++epoch_[ctx.rank];
   const bool own_tokens = p.x.own_rows().size() > 0;
-  TL_REQUIRE((!own_tokens || (x && topk_ids)) && w1 && (out || p.rows() == 0),
+  TL_REQUIRE((!own_tokens || (x && topk_ids && topk_weights)) && w1 && (out || p.rows() == 0),
              "moe_ag_gemm: null tensor on rank " << ctx.rank);
   ctx.op = "moe_ag_gemm";
   SymmetricView heap = ws_.view(ctx.rank);
@@ -99,12 +100,13 @@ void MoeAgGemm::run(RankContext& ctx, const void* x, const int32_t* topk_ids, co
          const CommExec ex{ctx, heap};
          for (int i = w; i < p.ids.count(); i += cw) allgather_item(ex, p.ids, i, epoch, topk_ids);
          for (int i = w; i < p.x.count(); i += cw) allgather_item(ex, p.x, i, epoch, x);
+         for (int i = w; i < p.weights.count(); i += cw) allgather_item(ex, p.weights, i, epoch, topk_weights);
        }},
       {kw, [&](int w) {
          if (w == 0) {
            for (int s = 0; s < p.ids.tiles.num_tiles(); ++s)
              consumer_tile_wait(ctx, heap, p.ids.f.tile_ready, s, epoch, WaitSite{SignalField::kTileReady, s});
-           routed = std::make_unique<Routed>(p, gathered_ids(p, heap));
+           routed = std::make_unique<Routed>(p, ids_of_call(p, heap));
            producer_tile_notify(ctx, heap, p.routed, 0, epoch);
          } else {
            consumer_tile_wait(ctx, heap, p.routed, 0, epoch, WaitSite{SignalField::kReady, 0});
@@ -128,12 +130,12 @@ void MoeAgGemm::run(RankContext& ctx, const void* x, const int32_t* topk_ids, co
   routing_[ctx.rank] = std::move(routed->routing);
 }
 
-void MoeAgGemm::run_unfused(RankContext& ctx, const void* x, const int32_t* topk_ids, const void* w1,
-                            void* out) {
+void MoeAgGemm::run_unfused(RankContext& ctx, const void* x, const int32_t* topk_ids,
+                            const float* topk_weights, const void* w1, void* out) {
   const MoeAgGemmPlan& p = plans_.at(ctx.rank);
   const uint64_t epoch = epoch_[ctx.rank] += 2;  // two barriers: epoch - 1, then epoch
   const bool own_tokens = p.x.own_rows().size() > 0;
-  TL_REQUIRE((!own_tokens || (x && topk_ids)) && w1 && (out || p.rows() == 0),
+  TL_REQUIRE((!own_tokens || (x && topk_ids && topk_weights)) && w1 && (out || p.rows() == 0),
              "moe_ag_gemm: null tensor on rank " << ctx.rank);
   ctx.op = "moe_ag_gemm(unfused)";
   SymmetricView heap = ws_.view(ctx.rank);
@@ -144,10 +146,11 @@ void MoeAgGemm::run_unfused(RankContext& ctx, const void* x, const int32_t* topk
     const int peer = peer_at(ctx.rank, s, ctx.world_size);
     rank_copy_data(ctx, peer, p.ids.rows_copy(topk_ids, own.begin, heap.peer(peer, p.ids.f.gathered), own));
     rank_copy_data(ctx, peer, p.x.rows_copy(x, own.begin, heap.peer(peer, p.x.f.gathered), own));
+    rank_copy_data(ctx, peer, p.weights.rows_copy(topk_weights, own.begin, heap.peer(peer, p.weights.f.gathered), own));
   }
   rank_barrier(ctx, heap, p.barrier, epoch);
   // The routing, then the whole grouped GEMM.
-  MoeRouting routing = moe_route(gathered_ids(p, heap), p.tokens(), p.topk, p.experts);
+  MoeRouting routing = moe_route(ids_of_call(p, heap), p.tokens(), p.topk, p.experts);
   std::vector<int64_t> a_rows(routing.rows());
   for (int64_t i = 0; i < routing.rows(); ++i) a_rows[i] = routing.token_of_row(i);
   std::vector<ExpertWeight> weights(p.experts);
