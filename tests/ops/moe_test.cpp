@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,34 @@ const char* name(Routing r) {
   }
   return "?";
 }
+
+// A random MoE layer on a world: ragged tokens (empty segments likely), ragged F_r (multiples of 8).
+struct Layer {
+  int world, experts, topk;
+  int64_t tokens, hidden;
+  DType dtype;
+  RowPartition part;
+  std::vector<int64_t> ffn;
+
+  static Layer draw(test::Rng& rng, int max_experts, int max_topk, int64_t min_tokens, int64_t max_tokens,
+                    int max_h8, int max_f8, std::vector<DType> dtypes) {
+    Layer l;
+    l.world = rng.uniform_int(1, 8);
+    l.experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, max_experts);
+    l.topk = rng.uniform_int(1, std::min(max_topk, l.experts));
+    l.tokens = rng.uniform(min_tokens, max_tokens);
+    l.hidden = 8 * rng.uniform(1, max_h8);
+    l.dtype = rng.pick(dtypes);
+    l.part = RowPartition::from_counts(rng.uneven_counts(l.tokens, l.world));
+    l.ffn.resize(l.world);
+    for (auto& v : l.ffn) v = 8 * rng.uniform(1, max_f8);
+    return l;
+  }
+  friend std::ostream& operator<<(std::ostream& os, const Layer& l) {
+    return os << "W " << l.world << " tokens " << l.tokens << " H " << l.hidden << " experts " << l.experts
+              << " topk " << l.topk << " " << dtype_name(l.dtype);
+  }
+};
 
 TEST(MoeRouting, TablesMatchBruteForce) {
   TL_SEEDED_RNG(rng);
@@ -218,14 +247,12 @@ TEST(MoeCompute, RefusesBadTables) {
 TEST(MoeAgGemm, MatchesFloat64AndUnfusedOnAnyWorld) {
   TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 24; ++trial) {
-    const int W = rng.uniform_int(1, 8);
-    const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 40);
-    const int topk = rng.uniform_int(1, std::min(8, experts));
-    const int64_t tokens = rng.uniform(0, 48), h = 8 * rng.uniform(1, 6);
-    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16});
-    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
-    std::vector<int64_t> f(W);
-    for (auto& v : f) v = 8 * rng.uniform(1, 4);
+    const Layer l = Layer::draw(rng, 40, 8, 0, 48, 6, 4, {DType::kF32, DType::kBF16, DType::kF16});
+    const int W = l.world, experts = l.experts, topk = l.topk;
+    const int64_t tokens = l.tokens, h = l.hidden;
+    const DType dtype = l.dtype;
+    const RowPartition& part = l.part;
+    const std::vector<int64_t>& f = l.ffn;
     MoeAgGemmConfig cfg;
     cfg.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
     cfg.comm_tile_rows = rng.uniform_int(1, 16);
@@ -233,8 +260,7 @@ TEST(MoeAgGemm, MatchesFloat64AndUnfusedOnAnyWorld) {
     cfg.tile_n = rng.uniform_int(1, 40);
     cfg.comm_workers = rng.uniform_int(1, 3);
     cfg.compute_workers = rng.uniform_int(1, 3);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " tokens " << tokens << " H " << h
-                                      << " experts " << experts << " topk " << topk << " " << dtype_name(dtype)
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << l
                                       << (cfg.mode == CommMode::kPull ? " pull" : " push") << " comm tile "
                                       << cfg.comm_tile_rows << " tile " << cfg.tile_m << "x" << cfg.tile_n);
     cpu::World world(W);
@@ -324,14 +350,12 @@ TEST(MoeAgGemm, RefusesABadIdOnEveryRank) {
 TEST(MoeGemmRs, MatchesFloat64AndUnfusedOnAnyWorld) {
   TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 24; ++trial) {
-    const int W = rng.uniform_int(1, 8);
-    const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 40);
-    const int topk = rng.uniform_int(1, std::min(8, experts));
-    const int64_t tokens = rng.uniform(1, 48), h = 8 * rng.uniform(1, 6);
-    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16});
-    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
-    std::vector<int64_t> f(W);
-    for (auto& v : f) v = 8 * rng.uniform(1, 4);
+    const Layer l = Layer::draw(rng, 40, 8, 1, 48, 6, 4, {DType::kF32, DType::kBF16, DType::kF16});
+    const int W = l.world, experts = l.experts, topk = l.topk;
+    const int64_t tokens = l.tokens, h = l.hidden;
+    const DType dtype = l.dtype;
+    const RowPartition& part = l.part;
+    const std::vector<int64_t>& f = l.ffn;
     MoeGemmRsConfig cfg;
     cfg.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
     cfg.tile_m = rng.uniform_int(1, 32);
@@ -342,8 +366,7 @@ TEST(MoeGemmRs, MatchesFloat64AndUnfusedOnAnyWorld) {
     cfg.band_cols = rng.uniform_int(1, 40);
     cfg.comm_workers = rng.uniform_int(1, 3);
     cfg.compute_workers = rng.uniform_int(1, 3);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " tokens " << tokens << " H " << h
-                                      << " experts " << experts << " topk " << topk << " " << dtype_name(dtype)
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << l
                                       << (cfg.mode == CommMode::kPull ? " pull" : " push") << " tile " << cfg.tile_m
                                       << "x" << cfg.tile_n << " reduce tile " << cfg.reduce_tile_m << "x"
                                       << cfg.reduce_tile_n);
@@ -428,14 +451,12 @@ TEST(MoeGemmRs, RefusesBadInput) {
 TEST(MoeMlp, MatchesFloat64AndUnfusedOnAnyWorld) {
   TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 16; ++trial) {
-    const int W = rng.uniform_int(1, 8);
-    const int experts = rng.uniform_int(1, 16);
-    const int topk = rng.uniform_int(1, std::min(4, experts));
-    const int64_t tokens = rng.uniform(1, 40), h = 8 * rng.uniform(1, 4);
-    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16});
-    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, W));
-    std::vector<int64_t> f(W);
-    for (auto& v : f) v = 8 * rng.uniform(1, 3);
+    const Layer l = Layer::draw(rng, 16, 4, 1, 40, 4, 3, {DType::kF32, DType::kBF16});
+    const int W = l.world, experts = l.experts, topk = l.topk;
+    const int64_t tokens = l.tokens, h = l.hidden;
+    const DType dtype = l.dtype;
+    const RowPartition& part = l.part;
+    const std::vector<int64_t>& f = l.ffn;
     MoeAgGemmConfig c0;
     c0.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
     c0.comm_tile_rows = rng.uniform_int(1, 8), c0.tile_m = rng.uniform_int(1, 16), c0.tile_n = rng.uniform_int(1, 24);
@@ -444,8 +465,7 @@ TEST(MoeMlp, MatchesFloat64AndUnfusedOnAnyWorld) {
     c1.tile_m = rng.uniform_int(1, 16), c1.tile_n = rng.uniform_int(1, 24);
     c1.reduce_tile_m = rng.uniform_int(1, 8), c1.reduce_tile_n = rng.uniform_int(1, 24);
     c0.compute_workers = c1.compute_workers = rng.uniform_int(1, 2);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " tokens " << tokens << " H " << h
-                                      << " experts " << experts << " topk " << topk << " " << dtype_name(dtype));
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << l);
     cpu::World world(W);
     cpu::MoeMlp op(world, part, h, f, experts, topk, dtype, c0, c1);
     const int64_t eb = dtype_size(dtype), rows = tokens * topk;

@@ -32,6 +32,21 @@
 
 namespace tilelink {
 
+// What both layers' plans share: the rank, the world, the storage type and the layer's shape.
+struct MoeLayerShape {
+  int rank = 0;
+  int world_size = 1;
+  DType dtype = DType::kBF16;
+  int64_t hidden = 0;  // H
+  int64_t ffn = 0;     // F_r: this rank's shard of each expert's F
+  int experts = 0;
+  int topk = 0;
+  // Checks them for `op` (tilelink::Error); min_tokens: the fewest tokens the layer takes.
+  static MoeLayerShape make(const char* op, int rank, const RowPartition& tokens, int64_t hidden,
+                            int64_t ffn_local, int experts, int topk, DType dtype, int64_t min_tokens,
+                            int comm_workers, int compute_workers);
+};
+
 struct MoeAgGemmConfig {
   CommMode mode = CommMode::kPull;
   int comm_tile_rows = 64;  // tokens per communication tile
@@ -41,14 +56,8 @@ struct MoeAgGemmConfig {
   int compute_workers = 1;  // CPU threads computing tiles
 };
 
-struct MoeAgGemmPlan {
-  int rank = 0;
-  int world_size = 1;
-  DType dtype = DType::kBF16;  // X, W1 and out storage
-  int64_t hidden = 0;          // H (the GEMM's K)
-  int64_t ffn = 0;             // F_r: this rank's output columns
-  int experts = 0;
-  int topk = 0;
+// hidden: the GEMM's K; ffn: this rank's output columns; dtype: X, W1 and out.
+struct MoeAgGemmPlan : MoeLayerShape {
   AllGatherPlan ids;  // routing rows: topk int32 a token
   AllGatherPlan x;    // hidden states: H elements a token
   AllGatherPlan weights;  // routing weights: topk fp32 a token
@@ -101,14 +110,8 @@ struct MoeGemmRsConfig {
   int compute_workers = 1;
 };
 
-struct MoeGemmRsPlan {
-  int rank = 0;
-  int world_size = 1;
-  DType dtype = DType::kBF16;
-  int64_t hidden = 0;  // H: the output's columns
-  int64_t ffn = 0;     // F_r: the GEMM's K on this rank
-  int experts = 0;
-  int topk = 0;
+// hidden: the output's columns; ffn: the GEMM's K on this rank.
+struct MoeGemmRsPlan : MoeLayerShape {
   ReduceScatterPlan rs;     // over the tokens' rows of P [M, H]
   TileOrder reduce_order;   // over rs.producer
   Field<Signal> pair_done;  // [max_pair_tiles]
