@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "../support/random.hpp"
+#include "../support/refused.hpp"
+#include "tilelink/backend/cpu/attention_ops.hpp"
 #include "tilelink/compute/cpu_attention.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
 
@@ -82,6 +84,107 @@ TEST(AttentionCpu, RowsThatSeeNoKey) {
   EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
   for (int c = 0; c < d; ++c) EXPECT_NEAR(out[d + c], 1.0f, 1e-6);
   EXPECT_NEAR(lse[1], 0.5f * 0.25f * d + std::log(4.0f), 1e-5);
+}
+
+// AllGather attention on CPU worlds of 1-8 ranks: contiguous shards (ragged, empty segments) and
+// zigzag, causal or not, GQA, batch 1-2, pull and push, random tiles and workers; every rank's
+// output and log-sum-exp against float64 over the whole sequence, and bit for bit against the
+// unfused baseline, outputs poisoned first.
+TEST(SpAttnCpu, MatchesFloat64AndUnfusedOnAnyWorld) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int W = rng.uniform_int(1, 8);
+    SpAttnShape s;
+    s.batch = rng.uniform_int(1, 2);
+    s.heads_kv = rng.uniform_int(1, 2);
+    s.heads_q = s.heads_kv * rng.uniform_int(1, 3);
+    s.head_dim = 8 * rng.uniform(1, 3);
+    s.seq = rng.uniform(1, 90);
+    s.causal = rng.coin();
+    s.shard = rng.coin() ? SeqShard::kContiguous : SeqShard::kZigzag;
+    const DType dtype = rng.pick(std::vector<DType>{DType::kF32, DType::kBF16});
+    SpAttnConfig cfg;
+    cfg.mode = rng.coin() ? CommMode::kPull : CommMode::kPush;
+    cfg.comm_tile_rows = rng.uniform_int(1, 16);
+    cfg.q_tile = rng.uniform_int(1, 20);
+    cfg.comm_workers = rng.uniform_int(1, 2);
+    cfg.compute_workers = rng.uniform_int(1, 3);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " B " << s.batch << " S " << s.seq
+                                      << " Hq " << s.heads_q << " Hkv " << s.heads_kv << " D " << s.head_dim
+                                      << (s.causal ? " causal" : "") << (s.shard == SeqShard::kZigzag ? " zigzag" : " contiguous")
+                                      << (cfg.mode == CommMode::kPull ? " pull" : " push") << " comm tile "
+                                      << cfg.comm_tile_rows << " q tile " << cfg.q_tile << " " << dtype_name(dtype));
+    const SeqSharding sh = SeqSharding::make(s.shard, s.seq, W, rng.uneven_counts(s.seq, W));
+    cpu::World world(W);
+    cpu::SpAttn op(world, s, sh, dtype, cfg);
+    const int64_t eb = dtype_size(dtype), d = s.head_dim, qrow = s.heads_q * d, kvrow = s.heads_kv * d;
+    // the whole sequence by position, then each rank's rows in shard order
+    const auto q = rng.tensor(dtype, s.batch * s.seq * qrow), k = rng.tensor(dtype, s.batch * s.seq * kvrow),
+               v = rng.tensor(dtype, s.batch * s.seq * kvrow);
+    auto shard_of = [&](const std::vector<std::byte>& all, int64_t row_elems, int r) {
+      const int64_t n = sh.rows.size(r);
+      std::vector<std::byte> out(s.batch * n * row_elems * eb);
+      for (int b = 0; b < s.batch; ++b)
+        for (int64_t i = 0; i < n; ++i)
+          std::copy_n(all.data() + (b * s.seq + sh.position_of(r, i)) * row_elems * eb, row_elems * eb,
+                      out.data() + (b * n + i) * row_elems * eb);
+      return out;
+    };
+    std::vector<std::vector<std::byte>> qs(W), ks(W), vs(W), o(W), o2(W);
+    std::vector<std::vector<float>> lse(W), lse2(W);
+    for (int r = 0; r < W; ++r) {
+      qs[r] = shard_of(q, qrow, r), ks[r] = shard_of(k, kvrow, r), vs[r] = shard_of(v, kvrow, r);
+      o[r].resize(qs[r].size()), o2[r].resize(qs[r].size());
+      test::poison(o[r]), test::poison(o2[r]);
+      lse[r].assign(s.batch * sh.rows.size(r) * s.heads_q, 7.0f), lse2[r] = lse[r];
+    }
+    world.run([&](cpu::RankContext& ctx) {
+      const int r = ctx.rank;
+      op.run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o[r].data(), lse[r].data());
+    });
+    world.run([&](cpu::RankContext& ctx) {
+      const int r = ctx.rank;
+      op.run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o2[r].data(), lse2[r].data());
+    });
+    std::vector<int64_t> pos(s.seq);
+    std::iota(pos.begin(), pos.end(), 0);
+    for (int b = 0; b < s.batch; ++b) {
+      const AttnReference ref =
+          attention_reference_f64(q.data() + b * s.seq * qrow * eb, k.data() + b * s.seq * kvrow * eb,
+                                  v.data() + b * s.seq * kvrow * eb, dtype, s.seq, s.seq, s.heads_q, s.heads_kv, d,
+                                  pos, 1.0f / std::sqrt(static_cast<float>(d)), s.causal);
+      for (int r = 0; r < W; ++r) {
+        SCOPED_TRACE(::testing::Message() << "batch " << b << " rank " << r);
+        const int64_t n = sh.rows.size(r);
+        if (n == 0) continue;
+        std::vector<double> want(n * qrow), want_lse(n * s.heads_q);
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t p = sh.position_of(r, i);
+          std::copy_n(ref.out.begin() + p * qrow, qrow, want.begin() + i * qrow);
+          std::copy_n(ref.lse.begin() + p * s.heads_q, s.heads_q, want_lse.begin() + i * s.heads_q);
+        }
+        EXPECT_LT(relative_error(o[r].data() + b * n * qrow * eb, dtype, want), dtype == DType::kF32 ? 1e-5 : 2e-2);
+        for (int64_t i = 0; i < n * s.heads_q; ++i)
+          ASSERT_NEAR(lse[r][b * n * s.heads_q + i], want_lse[i], 1e-3 * (1 + std::abs(want_lse[i]))) << i;
+      }
+    }
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(o[r], o2[r]) << "rank " << r << ": fused and unfused differ";
+      EXPECT_EQ(lse[r], lse2[r]) << "rank " << r;
+    }
+  }
+}
+
+TEST(SpAttnCpu, RefusesBadShapes) {
+  SpAttnShape s;
+  s.seq = 16, s.heads_q = 3, s.heads_kv = 2, s.head_dim = 8;
+  const SeqSharding sh = SeqSharding::make(SeqShard::kContiguous, 16, 2, {8, 8});
+  test::expect_refused([&] { SpAttnPlan::make(0, s, sh, DType::kBF16, {}); }, "3 query heads over 2 key/value heads");
+  test::expect_refused([&] { SeqSharding::make(SeqShard::kContiguous, 16, 2, {8, 7}); },
+                       "the segments hold 15 positions, the sequence 16");
+  test::expect_refused([&] { SeqSharding::make(SeqShard::kZigzag, 16, 33, {}); }, "at most 32 ranks");
+  s.heads_q = 2, s.batch = 17;
+  test::expect_refused([&] { SpAttnPlan::make(0, s, sh, DType::kBF16, {}); }, "batch 17 is out of range");
 }
 
 }  // namespace

@@ -1,0 +1,90 @@
+// SpAttnPlan: the plan of sequence-parallel attention, AllGather variant, shared by every backend.
+//
+// The sequence of S positions is sharded over the ranks: `contiguous` (rank r holds the positions
+// of its segment, ragged allowed) or `zigzag` (S cut into 2W chunks, even to one row; rank r holds
+// chunks r and 2W - 1 - r, which balances causal work). Rank r holds, for each of B batch entries,
+// Q_r [S_r, Hq, D], K_r and V_r [S_r, Hkv, D] (its positions in shard order), and computes
+// O_r = softmax(Q_r Kᵀ · scale + mask) V over the whole sequence [S_r, Hq, D], with the
+// log-sum-exp of every row [S_r, Hq] (fp32).
+//
+//   comm      an AllGather of K and one of V per batch entry (comm/allgather.hpp) over the ranks'
+//             rows, comm_tile_rows rows a tile; the gathered buffers hold the ranks' rows in rank
+//             order, a row's position given by position_of
+//   compute   per (batch, query head, query tile of q_tile rows): the key/value comm tiles in the
+//             pull order (this rank's own first), each waited for by tile on K's and V's
+//             tile_ready; under `causal` a comm tile whose every position lies past the query
+//             tile's last position is skipped, and never waited for
+//   workspace the 2B AllGathers' fields and the entry barrier [world]
+#pragma once
+
+#include <vector>
+
+#include "tilelink/comm/allgather.hpp"
+#include "tilelink/core/dtype.hpp"
+#include "tilelink/core/partition.hpp"
+#include "tilelink/core/workspace.hpp"
+
+namespace tilelink {
+
+enum class SeqShard : uint8_t { kContiguous, kZigzag };
+
+struct SpAttnConfig {
+  CommMode mode = CommMode::kPull;
+  int comm_tile_rows = 64;  // sequence rows per communication tile
+  int q_tile = 64;          // query rows per compute tile
+  int comm_workers = 1;
+  int compute_workers = 1;
+};
+
+struct SpAttnShape {
+  int batch = 1;
+  int64_t seq = 0;  // S, the whole sequence
+  int heads_q = 1, heads_kv = 1;
+  int64_t head_dim = 0;
+  bool causal = false;
+  SeqShard shard = SeqShard::kContiguous;
+};
+
+// Which positions each rank holds (trivially copyable, like every plan): contiguous, its segment of `rows`; zigzag, chunks r and
+// 2W - 1 - r of S cut evenly into 2W.
+struct SeqSharding {
+  SeqShard shard = SeqShard::kContiguous;
+  RowPartition rows;    // the ranks' row counts (S_r), in rank order: the gathered buffers' layout
+  RowPartition chunks;  // zigzag: S cut into 2W chunks
+  // Row i of rank r's shard is position position_of(r, i).
+  int64_t position_of(int rank, int64_t i) const {
+    if (shard == SeqShard::kContiguous) return rows.begin(rank) + i;
+    const int w = rows.world_size;
+    const int64_t first = chunks.size(rank);
+    return i < first ? chunks.begin(rank) + i : chunks.begin(2 * w - 1 - rank) + (i - first);
+  }
+  // The rows of rank r's shard whose positions are contiguous from row i: how many (>= 1).
+  int64_t run_from(int rank, int64_t i) const {
+    if (shard == SeqShard::kContiguous) return rows.size(rank) - i;
+    const int64_t first = chunks.size(rank);
+    return i < first ? first - i : rows.size(rank) - i;
+  }
+  // contiguous: `segments` (S_r per rank); zigzag: S cut into 2W chunks (segments unused).
+  static SeqSharding make(SeqShard shard, int64_t seq, int world, const std::vector<int64_t>& segments);
+};
+
+struct SpAttnPlan {
+  int rank = 0;
+  int world_size = 1;
+  DType dtype = DType::kBF16;
+  SpAttnShape shape;
+  SeqSharding sharding;
+  float scale = 1.0f;  // 1 / sqrt(D)
+  static constexpr int kMaxBatch = 16;
+  AllGatherPlan k[kMaxBatch], v[kMaxBatch];  // one per batch entry, over sharding.rows
+  Field<Signal> barrier;
+  uint64_t ws_bytes = 0;
+  SpAttnConfig config;
+
+  static SpAttnPlan make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
+                         const SpAttnConfig& config);
+  int64_t local_rows() const { return sharding.rows.size(rank); }
+  int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
+};
+
+}  // namespace tilelink

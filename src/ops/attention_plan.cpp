@@ -1,0 +1,72 @@
+// SpAttnPlan::make and SeqSharding::make (ops/attention_plan.hpp).
+#include "tilelink/ops/attention_plan.hpp"
+
+#include <cmath>
+
+#include "tilelink/core/error.hpp"
+
+namespace tilelink {
+
+SeqSharding SeqSharding::make(SeqShard shard, int64_t seq, int world, const std::vector<int64_t>& segments) {
+  TL_REQUIRE(world >= 1 && world <= kMaxWorldSize, "sp_attn: world " << world << " is out of range");
+  TL_REQUIRE(seq >= 1, "sp_attn: the sequence must hold at least one position, got " << seq);
+  SeqSharding s;
+  s.shard = shard;
+  if (shard == SeqShard::kContiguous) {
+    TL_REQUIRE(static_cast<int>(segments.size()) == world,
+               "sp_attn: " << segments.size() << " segments for a world of " << world);
+    int64_t total = 0;
+    for (int64_t n : segments) {
+      TL_REQUIRE(n >= 0, "sp_attn: a segment of " << n << " positions");
+      total += n;
+    }
+    TL_REQUIRE(total == seq, "sp_attn: the segments hold " << total << " positions, the sequence " << seq);
+    s.rows = RowPartition::from_counts(segments);
+    return s;
+  }
+  TL_REQUIRE(2 * world <= kMaxWorldSize,
+             "sp_attn: zigzag cuts the sequence into 2W chunks; at most " << kMaxWorldSize / 2 << " ranks");
+  s.chunks = RowPartition::even(seq, 2 * world);
+  std::vector<int64_t> counts(world);
+  for (int r = 0; r < world; ++r) counts[r] = s.chunks.size(r) + s.chunks.size(2 * world - 1 - r);
+  s.rows = RowPartition::from_counts(counts);
+  return s;
+}
+
+SpAttnPlan SpAttnPlan::make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
+                            const SpAttnConfig& config) {
+  const int w = sharding.rows.world_size;
+  TL_REQUIRE(rank >= 0 && rank < w, "sp_attn: rank " << rank << " outside a world of " << w);
+  TL_REQUIRE(shape.batch >= 1 && shape.batch <= kMaxBatch,
+             "sp_attn: batch " << shape.batch << " is out of range [1, " << kMaxBatch << "]");
+  TL_REQUIRE(shape.heads_kv >= 1 && shape.heads_q >= shape.heads_kv && shape.heads_q % shape.heads_kv == 0,
+             "sp_attn: " << shape.heads_q << " query heads over " << shape.heads_kv
+                         << " key/value heads (a multiple is needed)");
+  TL_REQUIRE(shape.head_dim >= 1 && shape.head_dim <= 1024, "sp_attn: head dim " << shape.head_dim << " is out of range");
+  TL_REQUIRE(sharding.rows.total() == shape.seq,
+             "sp_attn: the sharding holds " << sharding.rows.total() << " positions, the sequence " << shape.seq);
+  TL_REQUIRE(config.comm_tile_rows >= 1 && config.q_tile >= 1, "sp_attn: tile sizes must be >= 1");
+  TL_REQUIRE(config.comm_workers >= 1 && config.compute_workers >= 1,
+             "sp_attn: the CPU backend needs at least one comm and one compute worker");
+  SpAttnPlan p;
+  p.rank = rank;
+  p.world_size = w;
+  p.dtype = dtype;
+  p.shape = shape;
+  p.sharding = sharding;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  p.config = config;
+  // NOTE: the layout depends on the shapes and the sharding, never on the rank.
+  LayoutBuilder b;
+  for (int i = 0; i < shape.batch; ++i) {
+    p.k[i] = AllGatherPlan::make(rank, sharding.rows, p.kv_row_bytes(), config.comm_tile_rows, config.mode);
+    p.v[i] = AllGatherPlan::make(rank, sharding.rows, p.kv_row_bytes(), config.comm_tile_rows, config.mode);
+    p.k[i].make_layout(b);
+    p.v[i].make_layout(b);
+  }
+  p.barrier = b.add<Signal>(w);
+  p.ws_bytes = b.num_bytes();
+  return p;
+}
+
+}  // namespace tilelink
