@@ -69,4 +69,31 @@ SpAttnPlan SpAttnPlan::make(int rank, const SpAttnShape& shape, const SeqShardin
   return p;
 }
 
+RingAttnPlan RingAttnPlan::make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
+                                int q_tile, int compute_workers) {
+  // the shape's checks are SpAttnPlan's
+  SpAttnConfig checks;
+  checks.q_tile = q_tile;
+  checks.compute_workers = compute_workers;
+  const SpAttnPlan sp = SpAttnPlan::make(rank, shape, sharding, dtype, checks);
+  RingAttnPlan p;
+  p.rank = rank;
+  p.world_size = sp.world_size;
+  p.dtype = dtype;
+  p.shape = shape;
+  p.sharding = sharding;
+  p.scale = sp.scale;
+  p.q_tile = q_tile;
+  p.compute_workers = compute_workers;
+  LayoutBuilder b;
+  p.k_slots = b.add<std::byte>(2 * p.slot_bytes());
+  p.v_slots = b.add<std::byte>(2 * p.slot_bytes());
+  p.filled = b.add<Signal>(2);
+  p.consumed = b.add<Signal>(2);
+  p.done = b.add<Signal>(compute_workers);
+  p.barrier = b.add<Signal>(p.world_size);
+  p.ws_bytes = b.num_bytes();
+  return p;
+}
+
 }  // namespace tilelink

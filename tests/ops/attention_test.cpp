@@ -86,13 +86,13 @@ TEST(AttentionCpu, RowsThatSeeNoKey) {
   EXPECT_NEAR(lse[1], 0.5f * 0.25f * d + std::log(4.0f), 1e-5);
 }
 
-// AllGather attention on CPU worlds of 1-8 ranks: contiguous shards (ragged, empty segments) and
+// AllGather attention (even trials) and ring attention (odd) on CPU worlds of 1-8 ranks: contiguous shards (ragged, empty segments) and
 // zigzag, causal or not, GQA, batch 1-2, pull and push, random tiles and workers; every rank's
 // output and log-sum-exp against float64 over the whole sequence, and bit for bit against the
 // unfused baseline, outputs poisoned first.
-TEST(SpAttnCpu, MatchesFloat64AndUnfusedOnAnyWorld) {
+TEST(SpAttnCpu, GatherAndRingMatchFloat64AndUnfusedOnAnyWorld) {
   TL_SEEDED_RNG(rng);
-  for (int trial = 0; trial < 30; ++trial) {
+  for (int trial = 0; trial < 40; ++trial) {
     const int W = rng.uniform_int(1, 8);
     SpAttnShape s;
     s.batch = rng.uniform_int(1, 2);
@@ -109,7 +109,7 @@ TEST(SpAttnCpu, MatchesFloat64AndUnfusedOnAnyWorld) {
     cfg.q_tile = rng.uniform_int(1, 20);
     cfg.comm_workers = rng.uniform_int(1, 2);
     cfg.compute_workers = rng.uniform_int(1, 3);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " B " << s.batch << " S " << s.seq
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << (trial % 2 ? " ring" : " gather") << " W " << W << " B " << s.batch << " S " << s.seq
                                       << " Hq " << s.heads_q << " Hkv " << s.heads_kv << " D " << s.head_dim
                                       << (s.causal ? " causal" : "") << (s.shard == SeqShard::kZigzag ? " zigzag" : " contiguous")
                                       << (cfg.mode == CommMode::kPull ? " pull" : " push") << " comm tile "
@@ -138,13 +138,17 @@ TEST(SpAttnCpu, MatchesFloat64AndUnfusedOnAnyWorld) {
       test::poison(o[r]), test::poison(o2[r]);
       lse[r].assign(s.batch * sh.rows.size(r) * s.heads_q, 7.0f), lse2[r] = lse[r];
     }
+    const bool ring = trial % 2 == 1;  // odd trials: ring attention
+    cpu::RingAttn ring_op(world, s, sh, dtype, cfg.q_tile, cfg.compute_workers);
     world.run([&](cpu::RankContext& ctx) {
       const int r = ctx.rank;
-      op.run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o[r].data(), lse[r].data());
+      if (ring) ring_op.run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o[r].data(), lse[r].data());
+      else op.run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o[r].data(), lse[r].data());
     });
     world.run([&](cpu::RankContext& ctx) {
       const int r = ctx.rank;
-      op.run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o2[r].data(), lse2[r].data());
+      if (ring) ring_op.run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o2[r].data(), lse2[r].data());
+      else op.run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o2[r].data(), lse2[r].data());
     });
     std::vector<int64_t> pos(s.seq);
     std::iota(pos.begin(), pos.end(), 0);

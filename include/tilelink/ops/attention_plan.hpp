@@ -87,4 +87,41 @@ struct SpAttnPlan {
   int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
 };
 
+// RingAttnPlan: ring attention. The same sharding and output as SpAttnPlan; instead of gathering
+// every K/V, each rank's block (all of its rows, every batch entry) travels once around the ring:
+// at step s rank r folds the block of rank (r - s) mod W into every query tile's state (the online
+// softmax is the log-sum-exp merge of the steps' partials) while it forwards that block to rank
+// r + 1. Two receive slots a rank; a block is written into a slot only after its owner has both
+// folded and forwarded the block that slot held two steps before.
+//
+//   fields  slots [2][B][max S_r][Hkv * D] for K and for V; filled[2] (a block is in the slot),
+//           consumed[2] (the slot's block is folded and forwarded), done[compute workers] (a
+//           worker has folded step s), the entry barrier
+//   values  per call, base = epoch * (W + 1): step s's block is filled[s % 2] >= base + s + 1, and
+//           consumed / done likewise
+struct RingAttnPlan {
+  int rank = 0;
+  int world_size = 1;
+  DType dtype = DType::kBF16;
+  SpAttnShape shape;
+  SeqSharding sharding;
+  float scale = 1.0f;
+  int q_tile = 64;
+  int compute_workers = 1;
+  ByteField k_slots, v_slots;  // [2][B][max S_r][Hkv * D]
+  Field<Signal> filled, consumed, done, barrier;
+  uint64_t ws_bytes = 0;
+
+  static RingAttnPlan make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
+                           int q_tile, int compute_workers);
+  int64_t local_rows() const { return sharding.rows.size(rank); }
+  int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
+  // Bytes of one batch entry's block in a slot, and of a slot.
+  int64_t block_bytes() const { return sharding.rows.max_size() * kv_row_bytes(); }
+  int64_t slot_bytes() const { return shape.batch * block_bytes(); }
+  // The owner of the block rank r folds at step s.
+  int owner_at(int step) const { return ((rank - step) % world_size + world_size) % world_size; }
+  uint64_t base(uint64_t epoch) const { return epoch * static_cast<uint64_t>(world_size + 1); }
+};
+
 }  // namespace tilelink

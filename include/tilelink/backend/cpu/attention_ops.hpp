@@ -34,4 +34,25 @@ class SpAttn {
   std::vector<uint64_t> epoch_;
 };
 
+// Ring attention: the blocks of K and V go once around the ring while each step is folded into the
+// queries' state (ops/attention_plan.hpp, RingAttnPlan).
+class RingAttn {
+ public:
+  RingAttn(World& world, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype, int q_tile = 64,
+           int compute_workers = 1);
+  const RingAttnPlan& plan(int rank) const { return plans_.at(rank); }
+  // As SpAttn::run.
+  void run(RankContext& ctx, const void* q, const void* k, const void* v, void* o, float* lse);
+  // The unfused baseline: whole AllGathers of K and V, then the same steps' blocks folded in the
+  // same order. Bit-identical to run().
+  void run_unfused(RankContext& ctx, const void* q, const void* k, const void* v, void* o, float* lse);
+
+ private:
+  std::vector<RingAttnPlan> plans_;
+  SymmetricAllocation ws_;
+  std::vector<uint64_t> epoch_;
+  // The baseline's gathered K and V: [B][S][Hkv * D] per rank, in rank order (as SpAttn's).
+  SymmetricAllocation gathered_;
+};
+
 }  // namespace tilelink::cpu
