@@ -77,12 +77,7 @@ RingAttnPlan RingAttnPlan::make(int rank, const SpAttnShape& shape, const SeqSha
   checks.compute_workers = compute_workers;
   const SpAttnPlan sp = SpAttnPlan::make(rank, shape, sharding, dtype, checks);
   RingAttnPlan p;
-  p.rank = rank;
-  p.world_size = sp.world_size;
-  p.dtype = dtype;
-  p.shape = shape;
-  p.sharding = sharding;
-  p.scale = sp.scale;
+  static_cast<AttnLayout&>(p) = sp;
   p.q_tile = q_tile;
   p.compute_workers = compute_workers;
   LayoutBuilder b;

@@ -68,13 +68,19 @@ struct SeqSharding {
   static SeqSharding make(SeqShard shard, int64_t seq, int world, const std::vector<int64_t>& segments);
 };
 
-struct SpAttnPlan {
+// What both attention plans hold: the rank, the world, the storage type, the shape and its sharding.
+struct AttnLayout {
   int rank = 0;
   int world_size = 1;
   DType dtype = DType::kBF16;
   SpAttnShape shape;
   SeqSharding sharding;
   float scale = 1.0f;  // 1 / sqrt(D)
+  int64_t local_rows() const { return sharding.rows.size(rank); }
+  int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
+};
+
+struct SpAttnPlan : AttnLayout {
   static constexpr int kMaxBatch = 16;
   AllGatherPlan k[kMaxBatch], v[kMaxBatch];  // one per batch entry, over sharding.rows
   Field<Signal> barrier;
@@ -83,8 +89,6 @@ struct SpAttnPlan {
 
   static SpAttnPlan make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
                          const SpAttnConfig& config);
-  int64_t local_rows() const { return sharding.rows.size(rank); }
-  int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
 };
 
 // RingAttnPlan: ring attention. The same sharding and output as SpAttnPlan; instead of gathering
@@ -99,13 +103,7 @@ struct SpAttnPlan {
 //           worker has folded step s), the entry barrier
 //   values  per call, base = epoch * (W + 1): step s's block is filled[s % 2] >= base + s + 1, and
 //           consumed / done likewise
-struct RingAttnPlan {
-  int rank = 0;
-  int world_size = 1;
-  DType dtype = DType::kBF16;
-  SpAttnShape shape;
-  SeqSharding sharding;
-  float scale = 1.0f;
+struct RingAttnPlan : AttnLayout {
   int q_tile = 64;
   int compute_workers = 1;
   ByteField k_slots, v_slots;  // [2][B][max S_r][Hkv * D]
@@ -114,8 +112,6 @@ struct RingAttnPlan {
 
   static RingAttnPlan make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
                            int q_tile, int compute_workers);
-  int64_t local_rows() const { return sharding.rows.size(rank); }
-  int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
   // Bytes of one batch entry's block in a slot, and of a slot.
   int64_t block_bytes() const { return sharding.rows.max_size() * kv_row_bytes(); }
   int64_t slot_bytes() const { return shape.batch * block_bytes(); }
