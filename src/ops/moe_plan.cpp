@@ -21,8 +21,7 @@ MoeLayerShape MoeLayerShape::make(const char* op, int rank, const RowPartition& 
   TL_REQUIRE(topk >= 1 && topk <= experts,
              op << ": top-k must be in [1, experts = " << experts << "], got " << topk);
   TL_REQUIRE(tokens.total() >= min_tokens && tokens.total() <= (int64_t{1} << 40) / topk,
-             op << ": " << tokens.total() << " tokens is out of range"
-                << (min_tokens > 0 ? " (at least one token: the ReduceScatter's rows)" : ""));
+             op << ": " << tokens.total() << " tokens is out of range");
   TL_REQUIRE(comm_workers >= 1 && compute_workers >= 1,
              op << ": the CPU backend needs at least one comm and one compute worker");
   return {rank, tokens.world_size, dtype, hidden, ffn_local, experts, topk};
@@ -56,11 +55,18 @@ MoeGemmRsPlan MoeGemmRsPlan::make(int rank, const RowPartition& tokens, int64_t 
                                   const MoeGemmRsConfig& config) {
   MoeGemmRsPlan p;
   static_cast<MoeLayerShape&>(p) = MoeLayerShape::make("moe_gemm_rs", rank, tokens, hidden, ffn_local, experts,
-                                                       topk, dtype, 1, config.comm_workers, config.compute_workers);
+                                                       topk, dtype, 0, config.comm_workers, config.compute_workers);
   for (int v : {config.tile_m, config.tile_n, config.reduce_tile_m, config.reduce_tile_n,
                 config.band_rows, config.band_cols})
     TL_REQUIRE(v >= 1, "moe_gemm_rs: tile and band sizes must be >= 1, got " << v);
   p.config = config;
+  if (tokens.total() == 0) {  // a batch of no tokens: nothing to compute or reduce, only the barrier
+    p.rs.rank = rank, p.rs.world_size = tokens.world_size, p.rs.rows = tokens, p.rs.dtype = dtype;
+    LayoutBuilder b;
+    p.barrier = b.add<Signal>(tokens.world_size);
+    p.ws_bytes = b.num_bytes();
+    return p;
+  }
   p.rs = ReduceScatterPlan::make(rank, tokens, hidden, dtype, config.mode, config.reduce_tile_m,
                                  config.reduce_tile_n, 1, config.band_rows, config.band_cols);
   const int next = (rank + 1) % tokens.world_size;

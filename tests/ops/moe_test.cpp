@@ -350,7 +350,7 @@ TEST(MoeAgGemm, RefusesABadIdOnEveryRank) {
 TEST(MoeGemmRs, MatchesFloat64AndUnfusedOnAnyWorld) {
   TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 24; ++trial) {
-    const Layer l = Layer::draw(rng, 40, 8, 1, 48, 6, 4, {DType::kF32, DType::kBF16, DType::kF16});
+    const Layer l = Layer::draw(rng, 40, 8, 0, 48, 6, 4, {DType::kF32, DType::kBF16, DType::kF16});
     const int W = l.world, experts = l.experts, topk = l.topk;
     const int64_t tokens = l.tokens, h = l.hidden;
     const DType dtype = l.dtype;
@@ -438,8 +438,6 @@ TEST(MoeGemmRs, RefusesBadInput) {
   }
   test::expect_refused([&] { cpu::MoeGemmRs bad(world, part, h, {8}, experts, topk, DType::kF32, {}); },
                        "1 F_r values for a world of 2");
-  test::expect_refused([&] { cpu::MoeGemmRs bad(world, RowPartition::even(0, W), h, {8, 8}, experts, topk, DType::kF32, {}); },
-                       "0 tokens is out of range");
   MoeGemmRsConfig zero;
   zero.reduce_tile_m = 0;
   test::expect_refused([&] { cpu::MoeGemmRs bad(world, part, h, {8, 8}, experts, topk, DType::kF32, zero); },
@@ -451,7 +449,7 @@ TEST(MoeGemmRs, RefusesBadInput) {
 TEST(MoeMlp, MatchesFloat64AndUnfusedOnAnyWorld) {
   TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 16; ++trial) {
-    const Layer l = Layer::draw(rng, 16, 4, 1, 40, 4, 3, {DType::kF32, DType::kBF16});
+    const Layer l = Layer::draw(rng, 16, 4, 0, 40, 4, 3, {DType::kF32, DType::kBF16});
     const int W = l.world, experts = l.experts, topk = l.topk;
     const int64_t tokens = l.tokens, h = l.hidden;
     const DType dtype = l.dtype;
@@ -529,6 +527,23 @@ TEST(MoeMlp, MatchesFloat64AndUnfusedOnAnyWorld) {
       EXPECT_LT(relative_error(fused[r].data(), dtype, mine), dtype == DType::kF32 ? 1e-4 : 3e-2);
     }
   }
+}
+
+// A batch of no tokens on every rank: both layers and the whole layer run (nothing to compute, every
+// output empty) and the world runs again after.
+TEST(MoeMlp, ABatchOfNoTokens) {
+  const int W = 3, experts = 4, topk = 2;
+  const int64_t h = 8;
+  cpu::World world(W);
+  cpu::MoeMlp op(world, RowPartition::even(0, W), h, {8, 8, 8}, experts, topk, DType::kF32);
+  std::vector<float> w1(experts * 16 * h, 1.0f), w2(experts * h * 8, 1.0f);
+  for (int call = 0; call < 2; ++call) {
+    world.run([&](cpu::RankContext& ctx) {
+      op.run(ctx, nullptr, nullptr, nullptr, w1.data(), w2.data(), nullptr);
+      op.run_unfused(ctx, nullptr, nullptr, nullptr, w1.data(), w2.data(), nullptr);
+    });
+  }
+  EXPECT_EQ(op.layer0().routing(0).rows(), 0);
 }
 
 }  // namespace

@@ -101,9 +101,13 @@ void MoeGemmRs::run(RankContext& ctx, const void* h1, const int32_t* topk_ids, c
   const uint64_t epoch = ++epoch_[ctx.rank];
   check_inputs(p, ctx.rank, h1, topk_ids, topk_weights, w2, c);
   ctx.op = "moe_gemm_rs";
+  SymmetricView heap = ws_.view(ctx.rank);
+  if (p.tokens() == 0) {  // no tokens: every C_r is empty
+    rank_barrier(ctx, heap, p.barrier, epoch);
+    return;
+  }
   // Every rank routes the same ids alike, so a bad id is refused on every rank before any wait.
   const PairGrid pg(p, topk_ids);
-  SymmetricView heap = ws_.view(ctx.rank);
   rank_barrier(ctx, heap, p.barrier, epoch);
   std::byte* y = y_[ctx.rank].data();
   const int cw = p.config.comm_workers, kw = p.config.compute_workers;
@@ -152,6 +156,12 @@ void MoeGemmRs::run_unfused(RankContext& ctx, const void* h1, const int32_t* top
   const uint64_t epoch = epoch_[ctx.rank] += 2;  // two barriers: epoch - 1, then epoch
   check_inputs(p, ctx.rank, h1, topk_ids, topk_weights, w2, c);
   ctx.op = "moe_gemm_rs(unfused)";
+  if (p.tokens() == 0) {  // no tokens: every C_r is empty
+    SymmetricView heap = baseline_ws_.view(ctx.rank);
+    rank_barrier(ctx, heap, p.barrier, epoch - 1);
+    rank_barrier(ctx, heap, p.barrier, epoch);
+    return;
+  }
   const MoeRouting routing =
       moe_route(std::span<const int32_t>(topk_ids, static_cast<size_t>(p.rows())), p.tokens(), p.topk, p.experts);
   SymmetricView heap = baseline_ws_.view(ctx.rank);
