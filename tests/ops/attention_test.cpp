@@ -86,6 +86,39 @@ TEST(AttentionCpu, RowsThatSeeNoKey) {
   EXPECT_NEAR(lse[1], 0.5f * 0.25f * d + std::log(4.0f), 1e-5);
 }
 
+// The shards' positions: every position of the sequence held by exactly one rank's row; zigzag's
+// ranks hold chunks r and 2W - 1 - r; run_from's rows (to the end of the row's chunk) have
+// contiguous positions.
+TEST(SeqSharding, PositionsCoverTheSequenceOnceAndRunsAreContiguous) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int W = rng.uniform_int(1, 16);
+    const int64_t seq = rng.uniform(1, 200);
+    const SeqShard shard = rng.coin() ? SeqShard::kContiguous : SeqShard::kZigzag;
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " S " << seq
+                                      << (shard == SeqShard::kZigzag ? " zigzag" : " contiguous"));
+    const SeqSharding sh = SeqSharding::make(shard, seq, W, rng.uneven_counts(seq, W));
+    ASSERT_EQ(sh.rows.total(), seq);
+    std::vector<int> seen(seq, 0);
+    for (int r = 0; r < W; ++r) {
+      for (int64_t i = 0; i < sh.rows.size(r); ++i) {
+        const int64_t p = sh.position_of(r, i);
+        ASSERT_GE(p, 0);
+        ASSERT_LT(p, seq);
+        ++seen[p];
+        const int64_t run = sh.run_from(r, i);
+        ASSERT_GE(run, 1);
+        ASSERT_LE(i + run, sh.rows.size(r));
+        for (int64_t j = 1; j < run; ++j) ASSERT_EQ(sh.position_of(r, i + j), p + j);
+      }
+      if (shard == SeqShard::kZigzag && sh.rows.size(r) > 0) {
+        EXPECT_EQ(sh.position_of(r, 0), sh.chunks.size(r) > 0 ? sh.chunks.begin(r) : sh.chunks.begin(2 * W - 1 - r));
+      }
+    }
+    for (int64_t p = 0; p < seq; ++p) ASSERT_EQ(seen[p], 1) << "position " << p;
+  }
+}
+
 // AllGather attention (even trials) and ring attention (odd) on CPU worlds of 1-8 ranks: contiguous shards (ragged, empty segments) and
 // zigzag, causal or not, GQA, batch 1-2, pull and push, random tiles and workers; every rank's
 // output and log-sum-exp against float64 over the whole sequence, and bit for bit against the

@@ -58,7 +58,9 @@ struct SeqSharding {
     const int64_t first = chunks.size(rank);
     return i < first ? chunks.begin(rank) + i : chunks.begin(2 * w - 1 - rank) + (i - first);
   }
-  // The rows of rank r's shard whose positions are contiguous from row i: how many (>= 1).
+  // How many rows of rank r's shard, from row i, have contiguous positions: to the end of row i's
+  // chunk (zigzag) or of the shard (>= 1; the middle rank's two zigzag chunks are adjacent, and
+  // still two runs).
   int64_t run_from(int rank, int64_t i) const {
     if (shard == SeqShard::kContiguous) return rows.size(rank) - i;
     const int64_t first = chunks.size(rank);
