@@ -1,6 +1,8 @@
 // The CPU compute of a MoE layer (compute/cpu_moe.hpp).
 #include "tilelink/compute/cpu_moe.hpp"
 
+#include <utility>
+
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/core/error.hpp"
 
@@ -38,38 +40,61 @@ void check_reduce(const MoeRouting& r, std::span<const float> weights) {
 
 }  // namespace
 
+void moe_grouped_gemm_rect_cpu(const void* a, int64_t lda, std::span<const int64_t> a_rows,
+                               const ExpertWeight& w, const Rect& r, void* out, int64_t ldo, int64_t k,
+                               DType dtype) {
+  const int64_t es = dtype_size(dtype), ldw = w.ld ? w.ld : k;
+  const auto* abytes = static_cast<const char*>(a);
+  const auto* wbytes = static_cast<const char*>(w.w) + r.col * ldw * es;
+  auto* obytes = static_cast<char*>(out);
+  for (int64_t i = r.row; i < r.row + r.rows; ++i) {
+    const int64_t src = a_rows.empty() ? i : a_rows[i];
+    // one row at a time: a gathered row has no neighbour in A to share a tile with
+    gemm_tile_cpu(abytes + src * lda * es, lda, wbytes, ldw, obytes + (i * ldo + r.col) * es, ldo, dtype, 1,
+                  r.cols, k);
+  }
+}
+
 void moe_grouped_gemm_cpu(const void* a, int64_t lda, std::span<const int64_t> a_rows,
                           std::span<const int64_t> offsets, std::span<const ExpertWeight> weights,
                           void* out, int64_t ldo, int64_t n, int64_t k, DType dtype) {
   check_grouped(a_rows, offsets, weights, n, k);
-  const int64_t es = dtype_size(dtype);
-  const auto* abytes = static_cast<const char*>(a);
-  auto* obytes = static_cast<char*>(out);
-  for (size_t e = 0; e < weights.size(); ++e) {
-    const int64_t ldw = weights[e].ld ? weights[e].ld : k;
-    for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i) {
-      const int64_t src = a_rows.empty() ? i : a_rows[i];
-      // one row at a time: a gathered row has no neighbour in A to share a tile with
-      gemm_tile_cpu(abytes + src * lda * es, lda, weights[e].w, ldw, obytes + i * ldo * es, ldo,
-                    dtype, 1, n, k);
+  for (size_t e = 0; e < weights.size(); ++e)
+    moe_grouped_gemm_rect_cpu(a, lda, a_rows, weights[e], Rect{offsets[e], 0, offsets[e + 1] - offsets[e], n},
+                              out, ldo, k, dtype);
+}
+
+MoeGroupedTiles::MoeGroupedTiles(MoeRouting r, int64_t extent_n, int tile_m, int tile_n)
+    : routing(std::move(r)), first(routing.experts + 1), tokens(routing.rows()) {
+  for (int64_t i = 0; i < routing.rows(); ++i) tokens[i] = routing.token_of_row(i);
+  grid = DynamicTileGrid::make(DynamicRowPartition{routing.experts, routing.offsets.data()}, extent_n, tile_m,
+                               tile_n, first.data());
+  fill_first_tiles(grid, std::span<int>(first));
+}
+
+int MoeGroupedTiles::tile_of(int64_t i, int n) const {
+  const int e = grid.rows.owner_of_row(i);
+  return grid.linear(GroupTileCoord{e, static_cast<int>((i - grid.rows.begin(e)) / grid.tile_m), n});
+}
+
+void moe_topk_reduce_rect_cpu(const void* y, int64_t ldy, const MoeRouting& rt, const float* weights,
+                              const Rect& r, void* out, int64_t ldo, DType dtype) {
+  for (int64_t t = r.row; t < r.row + r.rows; ++t)
+    for (int64_t j = 0; j < r.cols; ++j) {
+      float acc = 0.0f;
+      for (int s = 0; s < rt.topk; ++s) {
+        const int64_t p = t * rt.topk + s;
+        acc += weights[p] * load_as_float(y, dtype, rt.row_of_pair[p] * ldy + r.col + j);
+      }
+      store_from_float(out, dtype, (t - r.row) * ldo + j, acc);
     }
-  }
 }
 
 void moe_topk_reduce_cpu(const void* y, int64_t ldy, const MoeRouting& r,
                          std::span<const float> weights, void* out, int64_t ldo, int64_t n,
                          DType dtype) {
   check_reduce(r, weights);
-  for (int64_t t = 0; t < r.tokens; ++t) {
-    for (int64_t j = 0; j < n; ++j) {
-      float acc = 0.0f;
-      for (int s = 0; s < r.topk; ++s) {
-        const int64_t p = t * r.topk + s;
-        acc += weights[p] * load_as_float(y, dtype, r.row_of_pair[p] * ldy + j);
-      }
-      store_from_float(out, dtype, t * ldo + j, acc);
-    }
-  }
+  moe_topk_reduce_rect_cpu(y, ldy, r, weights.data(), Rect{0, 0, r.tokens, n}, out, ldo, dtype);
 }
 
 std::vector<double> moe_grouped_gemm_f64(const void* a, int64_t lda, std::span<const int64_t> a_rows,

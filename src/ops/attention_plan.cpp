@@ -15,13 +15,9 @@ SeqSharding SeqSharding::make(SeqShard shard, int64_t seq, int world, const std:
   if (shard == SeqShard::kContiguous) {
     TL_REQUIRE(static_cast<int>(segments.size()) == world,
                "sp_attn: " << segments.size() << " segments for a world of " << world);
-    int64_t total = 0;
-    for (int64_t n : segments) {
-      TL_REQUIRE(n >= 0, "sp_attn: a segment of " << n << " positions");
-      total += n;
-    }
-    TL_REQUIRE(total == seq, "sp_attn: the segments hold " << total << " positions, the sequence " << seq);
-    s.rows = RowPartition::from_counts(segments);
+    s.rows = RowPartition::from_counts(segments);  // refuses a negative count
+    TL_REQUIRE(s.rows.total() == seq,
+               "sp_attn: the segments hold " << s.rows.total() << " positions, the sequence " << seq);
     return s;
   }
   TL_REQUIRE(2 * world <= kMaxWorldSize,
@@ -33,28 +29,30 @@ SeqSharding SeqSharding::make(SeqShard shard, int64_t seq, int world, const std:
   return s;
 }
 
+AttnLayout AttnLayout::make(const char* op, int rank, const SpAttnShape& shape, const SeqSharding& sharding,
+                            DType dtype, int q_tile, int compute_workers) {
+  const int w = sharding.rows.world_size;
+  TL_REQUIRE(rank >= 0 && rank < w, op << ": rank " << rank << " outside a world of " << w);
+  TL_REQUIRE(shape.batch >= 1 && shape.batch <= SpAttnPlan::kMaxBatch,
+             op << ": batch " << shape.batch << " is out of range [1, " << SpAttnPlan::kMaxBatch << "]");
+  TL_REQUIRE(shape.heads_kv >= 1 && shape.heads_q >= shape.heads_kv && shape.heads_q % shape.heads_kv == 0,
+             op << ": " << shape.heads_q << " query heads over " << shape.heads_kv
+                << " key/value heads (a multiple is needed)");
+  TL_REQUIRE(shape.head_dim >= 1 && shape.head_dim <= 1024, op << ": head dim " << shape.head_dim << " is out of range");
+  TL_REQUIRE(sharding.rows.total() == shape.seq,
+             op << ": the sharding holds " << sharding.rows.total() << " positions, the sequence " << shape.seq);
+  TL_REQUIRE(q_tile >= 1, op << ": tile sizes must be >= 1");
+  TL_REQUIRE(compute_workers >= 1, op << ": the CPU backend needs at least one compute worker");
+  return {rank, w, dtype, shape, sharding, 1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
+}
+
 SpAttnPlan SpAttnPlan::make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
                             const SpAttnConfig& config) {
-  const int w = sharding.rows.world_size;
-  TL_REQUIRE(rank >= 0 && rank < w, "sp_attn: rank " << rank << " outside a world of " << w);
-  TL_REQUIRE(shape.batch >= 1 && shape.batch <= kMaxBatch,
-             "sp_attn: batch " << shape.batch << " is out of range [1, " << kMaxBatch << "]");
-  TL_REQUIRE(shape.heads_kv >= 1 && shape.heads_q >= shape.heads_kv && shape.heads_q % shape.heads_kv == 0,
-             "sp_attn: " << shape.heads_q << " query heads over " << shape.heads_kv
-                         << " key/value heads (a multiple is needed)");
-  TL_REQUIRE(shape.head_dim >= 1 && shape.head_dim <= 1024, "sp_attn: head dim " << shape.head_dim << " is out of range");
-  TL_REQUIRE(sharding.rows.total() == shape.seq,
-             "sp_attn: the sharding holds " << sharding.rows.total() << " positions, the sequence " << shape.seq);
-  TL_REQUIRE(config.comm_tile_rows >= 1 && config.q_tile >= 1, "sp_attn: tile sizes must be >= 1");
-  TL_REQUIRE(config.comm_workers >= 1 && config.compute_workers >= 1,
-             "sp_attn: the CPU backend needs at least one comm and one compute worker");
   SpAttnPlan p;
-  p.rank = rank;
-  p.world_size = w;
-  p.dtype = dtype;
-  p.shape = shape;
-  p.sharding = sharding;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  static_cast<AttnLayout&>(p) = AttnLayout::make("sp_attn", rank, shape, sharding, dtype, config.q_tile,
+                                                 config.compute_workers);
+  TL_REQUIRE(config.comm_tile_rows >= 1, "sp_attn: tile sizes must be >= 1");
+  TL_REQUIRE(config.comm_workers >= 1, "sp_attn: the CPU backend needs at least one comm and one compute worker");
   p.config = config;
   // NOTE: the layout depends on the shapes and the sharding, never on the rank.
   LayoutBuilder b;
@@ -64,20 +62,15 @@ SpAttnPlan SpAttnPlan::make(int rank, const SpAttnShape& shape, const SeqShardin
     p.k[i].make_layout(b);
     p.v[i].make_layout(b);
   }
-  p.barrier = b.add<Signal>(w);
+  p.barrier = b.add<Signal>(p.world_size);
   p.ws_bytes = b.num_bytes();
   return p;
 }
 
 RingAttnPlan RingAttnPlan::make(int rank, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype,
                                 int q_tile, int compute_workers) {
-  // the shape's checks are SpAttnPlan's
-  SpAttnConfig checks;
-  checks.q_tile = q_tile;
-  checks.compute_workers = compute_workers;
-  const SpAttnPlan sp = SpAttnPlan::make(rank, shape, sharding, dtype, checks);
   RingAttnPlan p;
-  static_cast<AttnLayout&>(p) = sp;
+  static_cast<AttnLayout&>(p) = AttnLayout::make("ring_attn", rank, shape, sharding, dtype, q_tile, compute_workers);
   p.q_tile = q_tile;
   p.compute_workers = compute_workers;
   LayoutBuilder b;

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "tilelink/core/dtype.hpp"
+#include "tilelink/core/dynamic_tile_grid.hpp"
+#include "tilelink/core/tile.hpp"
 #include "tilelink/ops/moe_routing.hpp"
 
 namespace tilelink {
@@ -26,12 +28,39 @@ void moe_grouped_gemm_cpu(const void* a, int64_t lda, std::span<const int64_t> a
                           std::span<const int64_t> offsets, std::span<const ExpertWeight> weights,
                           void* out, int64_t ldo, int64_t n, int64_t k, DType dtype);
 
+// One rect of the grouped GEMM, every row of it in expert `w`'s group: out[i, c] for i in
+// [r.row, r.row + r.rows), c in [r.col, r.col + r.cols) (out: the whole [rows, *] output, row stride
+// ldo), the same bits as moe_grouped_gemm_cpu.
+void moe_grouped_gemm_rect_cpu(const void* a, int64_t lda, std::span<const int64_t> a_rows,
+                               const ExpertWeight& w, const Rect& r, void* out, int64_t ldo, int64_t k,
+                               DType dtype);
+
+// A routing and the grouped GEMM's tiles over it: a DynamicTileGrid whose groups are the experts'
+// grouped rows (tile_m x tile_n over [rows, extent_n]), and the token of every grouped row.
+// Not copyable: the grid points into the tables.
+struct MoeGroupedTiles {
+  MoeRouting routing;
+  std::vector<int> first;       // the grid's first-tile table
+  std::vector<int64_t> tokens;  // tokens[i]: the token grouped row i reads (layer 0's gather)
+  DynamicTileGrid grid;
+
+  MoeGroupedTiles(MoeRouting routing, int64_t extent_n, int tile_m, int tile_n);
+  MoeGroupedTiles(const MoeGroupedTiles&) = delete;
+  MoeGroupedTiles& operator=(const MoeGroupedTiles&) = delete;
+  // The tile holding grouped row i in column tile n.
+  int tile_of(int64_t i, int n) const;
+};
+
 // The top-k reduce: out[t, j] = Σ_s weights[t * topk + s] · y[row_of_pair[t * topk + s], j], the
 // slots in order, fp32 accumulation, one rounding to `dtype`. y [rows, n] (row stride ldy), out
 // [tokens, n] (row stride ldo), weights fp32 [tokens, topk].
 void moe_topk_reduce_cpu(const void* y, int64_t ldy, const MoeRouting& routing,
                          std::span<const float> weights, void* out, int64_t ldo, int64_t n,
                          DType dtype);
+// One rect of it: tokens [r.row, r.row + r.rows), columns [r.col, r.col + r.cols), into out (the
+// rect's first element, row stride ldo); the same bits as the whole reduce.
+void moe_topk_reduce_rect_cpu(const void* y, int64_t ldy, const MoeRouting& routing, const float* weights,
+                              const Rect& r, void* out, int64_t ldo, DType dtype);
 
 // Float64 references (the checks' side): the grouped GEMM's rows and the reduce, from the same
 // storage, every product and sum in double.

@@ -80,6 +80,10 @@ struct AttnLayout {
   float scale = 1.0f;  // 1 / sqrt(D)
   int64_t local_rows() const { return sharding.rows.size(rank); }
   int64_t kv_row_bytes() const { return shape.heads_kv * shape.head_dim * dtype_size(dtype); }
+  // Checks them for `op` (tilelink::Error): batch, heads, head dim, the sharding against S, and the
+  // CPU's q_tile and worker counts.
+  static AttnLayout make(const char* op, int rank, const SpAttnShape& shape, const SeqSharding& sharding,
+                         DType dtype, int q_tile, int compute_workers);
 };
 
 struct SpAttnPlan : AttnLayout {

@@ -8,7 +8,6 @@
 #include "tilelink/backend/cpu/moe_ops.hpp"
 #include "tilelink/backend/cpu/prim.hpp"
 #include "tilelink/backend/cpu/workers.hpp"
-#include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/compute/cpu_moe.hpp"
 #include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
@@ -22,26 +21,21 @@ std::span<const int32_t> ids_of_call(const MoeAgGemmPlan& p, const SymmetricView
           static_cast<size_t>(p.rows())};
 }
 
-// The routing of a call, and what the compute program walks: the grouped tiles, ordered by when
-// their tokens arrive.
+// The routing of a call, its grouped tiles, and the order the compute program walks them in: by
+// when their tokens arrive.
 struct Routed {
-  MoeRouting routing;
-  std::vector<int> first;  // the DynamicTileGrid's first-tile table
-  DynamicTileGrid grid;
+  MoeGroupedTiles tiles;
   std::vector<int> order;  // tile ids, the compute order
 
   Routed(const MoeAgGemmPlan& p, std::span<const int32_t> ids)
-      : routing(moe_route(ids, p.tokens(), p.topk, p.experts)), first(p.experts + 1) {
-    const DynamicRowPartition groups{p.experts, routing.offsets.data()};
-    grid = DynamicTileGrid::make(groups, p.ffn, p.config.tile_m, p.config.tile_n, first.data());
-    fill_first_tiles(grid, std::span<int>(first));
+      : tiles(moe_route(ids, p.tokens(), p.topk, p.experts), p.ffn, p.config.tile_m, p.config.tile_n) {
     // A tile's key: the latest pull position among its tokens (0: every token is this rank's).
+    const DynamicTileGrid& grid = tiles.grid;
     std::vector<int> key(grid.num_tiles());
     for (int t = 0; t < grid.num_tiles(); ++t) {
       const Rect r = grid.region(grid.coord(t));
       int latest = 0;
-      for (int64_t i = r.row; i < r.row + r.rows; ++i)
-        latest = std::max(latest, p.arrival_of(routing.token_of_row(i)));
+      for (int64_t i = r.row; i < r.row + r.rows; ++i) latest = std::max(latest, p.arrival_of(tiles.tokens[i]));
       key[t] = latest;
     }
     order.resize(grid.num_tiles());
@@ -50,18 +44,9 @@ struct Routed {
   }
 };
 
-// One grouped tile: each row is its token's gathered X times its expert's W1 shard.
-void compute_tile(const MoeAgGemmPlan& p, const Routed& rt, const std::byte* gathered,
-                  const void* w1, void* out, int t) {
-  const GroupTileCoord c = rt.grid.coord(t);
-  const Rect r = rt.grid.region(c);
-  const int64_t eb = dtype_size(p.dtype), h = p.hidden, f = p.ffn;
-  const auto* w = static_cast<const std::byte*>(w1) + (int64_t{c.group} * f + r.col) * h * eb;
-  for (int64_t i = r.row; i < r.row + r.rows; ++i) {
-    const int64_t token = rt.routing.token_of_row(i);
-    gemm_tile_cpu(gathered + token * h * eb, h, w, h, static_cast<std::byte*>(out) + (i * f + r.col) * eb,
-                  f, p.dtype, 1, r.cols, h);
-  }
+// Expert e's W1 shard [F_r, H] in w1 [experts, F_r, H].
+ExpertWeight w1_of(const MoeAgGemmPlan& p, const void* w1, int e) {
+  return {static_cast<const std::byte*>(w1) + int64_t{e} * p.ffn * p.hidden * dtype_size(p.dtype), 0};
 }
 
 }  // namespace
@@ -111,23 +96,25 @@ void MoeAgGemm::run(RankContext& ctx, const void* x, const int32_t* topk_ids, co
          } else {
            consumer_tile_wait(ctx, heap, p.routed, 0, epoch, WaitSite{SignalField::kReady, 0});
          }
-         const Routed& rt = *routed;
-         const std::byte* gathered = heap.local(p.x.f.gathered);
+         const MoeGroupedTiles& rt = routed->tiles;
          std::vector<char> arrived(p.x.tiles.num_tiles(), 0);
-         for (int j = w; j < static_cast<int>(rt.order.size()); j += kw) {
-           const int t = rt.order[j];
-           const Rect r = rt.grid.region(rt.grid.coord(t));
+         for (int j = w; j < static_cast<int>(routed->order.size()); j += kw) {
+           const int t = routed->order[j];
+           const GroupTileCoord c = rt.grid.coord(t);
+           const Rect r = rt.grid.region(c);
            for (int64_t i = r.row; i < r.row + r.rows; ++i) {  // the comm tiles of its tokens
-             const int s = p.x.tiles.tile_of_row(rt.routing.token_of_row(i));
+             const int s = p.x.tiles.tile_of_row(rt.tokens[i]);
              if (arrived[s]) continue;
              consumer_tile_wait(ctx, heap, p.x.f.tile_ready, s, epoch, WaitSite{SignalField::kTileReady, t});
              arrived[s] = 1;
            }
-           compute_tile(p, rt, gathered, w1, out, t);
+           // each row: its token's gathered X times its expert's W1 shard
+           moe_grouped_gemm_rect_cpu(heap.local(p.x.f.gathered), p.hidden, rt.tokens, w1_of(p, w1, c.group), r,
+                                     out, p.ffn, p.hidden, p.dtype);
          }
        }},
   });
-  routing_[ctx.rank] = std::move(routed->routing);
+  routing_[ctx.rank] = std::move(routed->tiles.routing);
 }
 
 void MoeAgGemm::run_unfused(RankContext& ctx, const void* x, const int32_t* topk_ids,
@@ -150,15 +137,13 @@ void MoeAgGemm::run_unfused(RankContext& ctx, const void* x, const int32_t* topk
   }
   rank_barrier(ctx, heap, p.barrier, epoch);
   // The routing, then the whole grouped GEMM.
-  MoeRouting routing = moe_route(ids_of_call(p, heap), p.tokens(), p.topk, p.experts);
-  std::vector<int64_t> a_rows(routing.rows());
-  for (int64_t i = 0; i < routing.rows(); ++i) a_rows[i] = routing.token_of_row(i);
+  MoeGroupedTiles rt(moe_route(ids_of_call(p, heap), p.tokens(), p.topk, p.experts), p.ffn, p.config.tile_m,
+                     p.config.tile_n);
   std::vector<ExpertWeight> weights(p.experts);
-  const int64_t expert_bytes = p.ffn * p.hidden * dtype_size(p.dtype);
-  for (int e = 0; e < p.experts; ++e) weights[e] = {static_cast<const std::byte*>(w1) + e * expert_bytes, 0};
-  moe_grouped_gemm_cpu(heap.local(p.x.f.gathered), p.hidden, a_rows, routing.offsets, weights, out, p.ffn,
+  for (int e = 0; e < p.experts; ++e) weights[e] = w1_of(p, w1, e);
+  moe_grouped_gemm_cpu(heap.local(p.x.f.gathered), p.hidden, rt.tokens, rt.routing.offsets, weights, out, p.ffn,
                        p.ffn, p.hidden, p.dtype);
-  routing_[ctx.rank] = std::move(routing);
+  routing_[ctx.rank] = std::move(rt.routing);
 }
 
 }  // namespace tilelink::cpu

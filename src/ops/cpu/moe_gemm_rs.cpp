@@ -2,13 +2,13 @@
 // ops/moe_plan.hpp's MoeGemmRsPlan.
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <span>
 
 #include "tilelink/backend/cpu/comm_exec.hpp"
 #include "tilelink/backend/cpu/moe_ops.hpp"
 #include "tilelink/backend/cpu/prim.hpp"
 #include "tilelink/backend/cpu/workers.hpp"
-#include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/compute/cpu_moe.hpp"
 #include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
@@ -17,50 +17,19 @@ namespace tilelink::cpu {
 
 namespace {
 
-// The routing of a call and the pair tiles' grid over it.
-struct PairGrid {
-  MoeRouting routing;
-  std::vector<int> first;
-  DynamicTileGrid grid;
-
-  PairGrid(const MoeGemmRsPlan& p, const int32_t* ids)
-      : routing(moe_route(std::span<const int32_t>(ids, static_cast<size_t>(p.rows())), p.tokens(), p.topk,
-                          p.experts)),
-        first(p.experts + 1) {
-    grid = DynamicTileGrid::make(DynamicRowPartition{p.experts, routing.offsets.data()}, p.hidden,
-                                 p.config.tile_m, p.config.tile_n, first.data());
-    fill_first_tiles(grid, std::span<int>(first));
-    TL_REQUIRE(grid.num_tiles() <= p.max_pair_tiles, "moe_gemm_rs: the routing gives more pair tiles than the plan holds");
-  }
-  // The pair tile holding grouped row i, column tile n.
-  int tile_of(int64_t i, int n) const {
-    const int e = DynamicRowPartition{static_cast<int>(first.size()) - 1, routing.offsets.data()}.owner_of_row(i);
-    return grid.linear(GroupTileCoord{e, static_cast<int>((i - routing.offsets[e]) / grid.tile_m), n});
-  }
-};
-
-// Y rows of one pair tile: H1 rows times the expert's W2 shard.
-void pair_tile(const MoeGemmRsPlan& p, const PairGrid& pg, const void* h1, const void* w2, std::byte* y, int t) {
-  const GroupTileCoord c = pg.grid.coord(t);
-  const Rect r = pg.grid.region(c);
-  const int64_t eb = dtype_size(p.dtype), f = p.ffn, h = p.hidden;
-  gemm_tile_cpu(static_cast<const std::byte*>(h1) + r.row * f * eb, f,
-                static_cast<const std::byte*>(w2) + (int64_t{c.group} * h + r.col) * f * eb, f,
-                y + (r.row * h + r.col) * eb, h, p.dtype, r.rows, r.cols, f);
+// The routing of a call and the pair tiles over it.
+std::unique_ptr<MoeGroupedTiles> pair_tiles(const MoeGemmRsPlan& p, const int32_t* ids) {
+  auto pt = std::make_unique<MoeGroupedTiles>(
+      moe_route(std::span<const int32_t>(ids, static_cast<size_t>(p.rows())), p.tokens(), p.topk, p.experts),
+      p.hidden, p.config.tile_m, p.config.tile_n);
+  TL_REQUIRE(pt->grid.num_tiles() <= p.max_pair_tiles,
+             "moe_gemm_rs: the routing gives more pair tiles than the plan holds");
+  return pt;
 }
 
-// The top-k reduce of a rect of P: each token's rows in slot order, fp32, rounded once.
-void reduce_rect(const MoeGemmRsPlan& p, const MoeRouting& rt, const float* weights, const std::byte* y,
-                 const Rect& r, std::byte* dst, int64_t ld) {
-  for (int64_t t = r.row; t < r.row + r.rows; ++t)
-    for (int64_t j = 0; j < r.cols; ++j) {
-      float acc = 0.0f;
-      for (int s = 0; s < p.topk; ++s) {
-        const int64_t pair = t * p.topk + s;
-        acc += weights[pair] * load_as_float(y, p.dtype, rt.row_of_pair[pair] * p.hidden + r.col + j);
-      }
-      store_from_float(dst, p.dtype, (t - r.row) * ld + j, acc);
-    }
+// Expert e's W2 shard [H, F_r] in w2 [experts, H, F_r].
+ExpertWeight w2_of(const MoeGemmRsPlan& p, const void* w2, int e) {
+  return {static_cast<const std::byte*>(w2) + int64_t{e} * p.hidden * p.ffn * dtype_size(p.dtype), 0};
 }
 
 void check_inputs(const MoeGemmRsPlan& p, int rank, const void* h1, const int32_t* ids, const float* weights,
@@ -107,7 +76,8 @@ void MoeGemmRs::run(RankContext& ctx, const void* h1, const int32_t* topk_ids, c
     return;
   }
   // Every rank routes the same ids alike, so a bad id is refused on every rank before any wait.
-  const PairGrid pg(p, topk_ids);
+  const std::unique_ptr<MoeGroupedTiles> pairs = pair_tiles(p, topk_ids);
+  const MoeGroupedTiles& pg = *pairs;
   rank_barrier(ctx, heap, p.barrier, epoch);
   std::byte* y = y_[ctx.rank].data();
   const int cw = p.config.comm_workers, kw = p.config.compute_workers;
@@ -117,7 +87,9 @@ void MoeGemmRs::run(RankContext& ctx, const void* h1, const int32_t* topk_ids, c
       {kw, [&](int w) {
          // the pair tiles (nothing to wait for: H1 is this rank's), each announced
          for (int t = w; t < pg.grid.num_tiles(); t += kw) {
-           pair_tile(p, pg, h1, w2, y, t);
+           const GroupTileCoord c = pg.grid.coord(t);  // Y rows: H1 rows times the expert's W2 shard
+           moe_grouped_gemm_rect_cpu(h1, p.ffn, {}, w2_of(p, w2, c.group), pg.grid.region(c), y, p.hidden, p.ffn,
+                                     p.dtype);
            producer_tile_notify(ctx, heap, p.pair_done, t, epoch);
          }
          // the reduce tiles: after the pair tiles of their tokens' rows, published to the RS
@@ -139,7 +111,7 @@ void MoeGemmRs::run(RankContext& ctx, const void* h1, const int32_t* topk_ids, c
                }
            std::byte* dst = push ? buf.data() : heap.local(p.rs.f.partial) + (r.row * p.hidden + r.col) * eb;
            const int64_t ld = push ? r.cols : p.hidden;
-           reduce_rect(p, pg.routing, topk_weights, y, r, dst, ld);
+           moe_topk_reduce_rect_cpu(y, p.hidden, pg.routing, topk_weights, r, dst, ld, p.dtype);
            reduce_scatter_publish(x, p.rs, p.rs.producer.linear(tc), dst, ld, epoch);
          }
        }},
@@ -169,8 +141,7 @@ void MoeGemmRs::run_unfused(RankContext& ctx, const void* h1, const int32_t* top
   // The whole grouped GEMM, then the whole top-k reduce into this rank's partial.
   const int64_t eb = dtype_size(p.dtype);
   std::vector<ExpertWeight> weights(p.experts);
-  for (int e = 0; e < p.experts; ++e)
-    weights[e] = {static_cast<const std::byte*>(w2) + int64_t{e} * p.hidden * p.ffn * eb, 0};
+  for (int e = 0; e < p.experts; ++e) weights[e] = w2_of(p, w2, e);
   std::byte* y = y_[ctx.rank].data();
   moe_grouped_gemm_cpu(h1, p.ffn, {}, routing.offsets, weights, y, p.hidden, p.hidden, p.ffn, p.dtype);
   moe_topk_reduce_cpu(y, p.hidden, routing, std::span<const float>(topk_weights, static_cast<size_t>(p.rows())),

@@ -8,81 +8,31 @@
 #include "tilelink/backend/cpu/attention_ops.hpp"
 #include "tilelink/backend/cpu/prim.hpp"
 #include "tilelink/backend/cpu/workers.hpp"
-#include "tilelink/compute/cpu_attention.hpp"
+#include "query_tiles.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cpu {
 
 namespace {
 
-// A compute worker's query tiles, their states kept across the steps.
-struct Units {
-  struct Unit {
-    int b, h;
-    int64_t i0, n;
-    std::vector<int64_t> q_pos;
-    AttnTile state;
-  };
-  std::vector<Unit> units;
-
-  Units(const RingAttnPlan& p, int worker, int workers) {
-    const int64_t rows = p.local_rows(), q_tiles = (rows + p.q_tile - 1) / p.q_tile;
-    const int64_t count = int64_t{p.shape.batch} * p.shape.heads_q * q_tiles;
-    for (int64_t u = worker; u < count; u += workers) {
-      const int b = static_cast<int>(u / (int64_t{p.shape.heads_q} * q_tiles));
-      const int h = static_cast<int>(u / q_tiles % p.shape.heads_q);
-      const int64_t i0 = u % q_tiles * p.q_tile, n = std::min<int64_t>(p.q_tile, rows - i0);
-      std::vector<int64_t> pos(n);
-      for (int64_t i = 0; i < n; ++i) pos[i] = p.sharding.position_of(p.rank, i0 + i);
-      units.push_back({b, h, i0, n, std::move(pos), AttnTile(n, p.shape.head_dim)});
-    }
-  }
-
-  // Folds one block: the rows of `owner` (every batch entry; batch b's rows at kv + b * block_stride
-  // bytes, rows kv_ld elements apart), in runs of contiguous positions.
-  void fold(const RingAttnPlan& p, const void* q, const std::byte* k, const std::byte* v, int64_t block_stride,
-            int owner) {
-    const SpAttnShape& s = p.shape;
-    const int64_t eb = dtype_size(p.dtype), d = s.head_dim, ld = int64_t{s.heads_kv} * d;
-    const int64_t rows_q = p.local_rows(), rows_kv = p.sharding.rows.size(owner);
-    const int group = s.heads_q / s.heads_kv;
-    for (Unit& u : units) {
-      const auto* qb = static_cast<const std::byte*>(q) + ((int64_t{u.b} * rows_q + u.i0) * s.heads_q + u.h) * d * eb;
-      const int64_t off = u.b * block_stride + int64_t{u.h / group} * d * eb;
-      for (int64_t r = 0; r < rows_kv;) {
-        const int64_t run = p.sharding.run_from(owner, r);
-        attn_tile_update(u.state, qb, int64_t{s.heads_q} * d, u.q_pos.data(), k + off + r * ld * eb,
-                         v + off + r * ld * eb, ld, p.sharding.position_of(owner, r), run, p.dtype, p.scale,
-                         s.causal);
-        r += run;
-      }
-    }
-  }
-
-  void finish(const RingAttnPlan& p, void* o, float* lse) {
-    const SpAttnShape& s = p.shape;
-    const int64_t eb = dtype_size(p.dtype), d = s.head_dim, rows = p.local_rows();
-    std::vector<float> tl;
-    for (Unit& u : units) {
-      tl.resize(u.n);
-      attn_tile_finish(u.state, static_cast<std::byte*>(o) + ((int64_t{u.b} * rows + u.i0) * s.heads_q + u.h) * d * eb,
-                       int64_t{s.heads_q} * d, tl.data(), p.dtype);
-      if (lse)
-        for (int64_t i = 0; i < u.n; ++i) lse[(int64_t{u.b} * rows + u.i0 + i) * s.heads_q + u.h] = tl[i];
-    }
-  }
-};
+// Folds one step's block (the rows of `owner`; batch b's rows at k + b * block_stride bytes) into
+// every query tile of the worker.
+void fold_block(detail::QueryTiles& tiles, const void* q, const std::byte* k, const std::byte* v,
+                int64_t block_stride, int owner) {
+  const int64_t rows = tiles.p.sharding.rows.size(owner);
+  for (detail::QueryTiles::Unit& u : tiles.units)
+    tiles.fold(u, q, k + u.b * block_stride, v + u.b * block_stride, owner, 0, rows);
+}
 
 void check_inputs(const RingAttnPlan& p, int rank, const void* q, const void* k, const void* v, const void* o) {
   TL_REQUIRE(p.local_rows() == 0 || (q && k && v && o), "ring_attn: null tensor on rank " << rank);
 }
 
-// The block of step s on this rank: its own input at step 0, else its receive slot s % 2.
-const std::byte* block_k(const RingAttnPlan& p, const SymmetricView& heap, int step, const void* k) {
-  return step == 0 ? static_cast<const std::byte*>(k) : heap.local(p.k_slots) + (step % 2) * p.slot_bytes();
-}
-const std::byte* block_v(const RingAttnPlan& p, const SymmetricView& heap, int step, const void* v) {
-  return step == 0 ? static_cast<const std::byte*>(v) : heap.local(p.v_slots) + (step % 2) * p.slot_bytes();
+// The block of step s on this rank (of K: slots k_slots, input k; or of V): its own input at step 0,
+// else its receive slot s % 2.
+const std::byte* block_of(const RingAttnPlan& p, const SymmetricView& heap, int step, ByteField slots,
+                          const void* input) {
+  return step == 0 ? static_cast<const std::byte*>(input) : heap.local(slots) + (step % 2) * p.slot_bytes();
 }
 
 }  // namespace
@@ -94,7 +44,7 @@ RingAttn::RingAttn(World& world, const SpAttnShape& shape, const SeqSharding& sh
   for (int r = 0; r < world.size(); ++r)
     plans_.push_back(RingAttnPlan::make(r, shape, sharding, dtype, q_tile, compute_workers));
   ws_ = world.allocate(plans_[0].ws_bytes);
-  gathered_ = world.allocate(static_cast<uint64_t>(shape.batch * shape.seq * plans_[0].kv_row_bytes() * 2 + 256));
+  gathered_ = world.allocate(static_cast<uint64_t>(2 * shape.batch * shape.seq * plans_[0].kv_row_bytes()));
   epoch_.assign(world.size(), 0);
 }
 
@@ -122,9 +72,9 @@ void RingAttn::run(RankContext& ctx, const void* q, const void* k, const void* v
              const int64_t n = p.sharding.rows.size(owner);
              for (int b = 0; b < p.shape.batch; ++b) {
                const int64_t src = b * stride_of(s), dst = slot * p.slot_bytes() + b * p.block_bytes();
-               tile_push_data(ctx, right, Copy2D{block_k(p, heap, s, k) + src, row_bytes,
+               tile_push_data(ctx, right, Copy2D{block_of(p, heap, s, p.k_slots, k) + src, row_bytes,
                                                  heap.peer(right, p.k_slots) + dst, row_bytes, n, row_bytes});
-               tile_push_data(ctx, right, Copy2D{block_v(p, heap, s, v) + src, row_bytes,
+               tile_push_data(ctx, right, Copy2D{block_of(p, heap, s, p.v_slots, v) + src, row_bytes,
                                                  heap.peer(right, p.v_slots) + dst, row_bytes, n, row_bytes});
              }
              peer_tile_notify(ctx, heap, right, p.filled, slot, base + s + 1);
@@ -137,13 +87,14 @@ void RingAttn::run(RankContext& ctx, const void* q, const void* k, const void* v
          }
        }},
       {kw, [&](int w) {
-         Units units(p, w, kw);
+         detail::QueryTiles tiles(p, p.q_tile, w, kw);
          for (int s = 0; s < W; ++s) {
            if (s >= 1) consumer_tile_wait(ctx, heap, p.filled, s % 2, base + s, WaitSite{SignalField::kReady, s});
-           units.fold(p, q, block_k(p, heap, s, k), block_v(p, heap, s, v), stride_of(s), p.owner_at(s));
+           fold_block(tiles, q, block_of(p, heap, s, p.k_slots, k), block_of(p, heap, s, p.v_slots, v), stride_of(s),
+                      p.owner_at(s));
            producer_tile_notify(ctx, heap, p.done, w, base + s + 1);
          }
-         units.finish(p, o, lse);
+         tiles.finish(o, lse);
        }},
   });
 }
@@ -171,13 +122,13 @@ void RingAttn::run_unfused(RankContext& ctx, const void* q, const void* k, const
   rank_barrier(ctx, heap, p.barrier, epoch);
   // The same steps' blocks, in the same order, from the gathered buffers.
   const auto* g = static_cast<const std::byte*>(gathered_.base(ctx.rank));
-  Units units(p, 0, 1);
+  detail::QueryTiles tiles(p, p.q_tile, 0, 1);
   for (int s = 0; s < p.world_size; ++s) {
     const int owner = p.owner_at(s);
     const int64_t first = p.sharding.rows.begin(owner) * row_bytes;
-    units.fold(p, q, g + first, g + half + first, seq * row_bytes, owner);
+    fold_block(tiles, q, g + first, g + half + first, seq * row_bytes, owner);
   }
-  units.finish(p, o, lse);
+  tiles.finish(o, lse);
 }
 
 }  // namespace tilelink::cpu

@@ -7,66 +7,42 @@
 #include "tilelink/backend/cpu/comm_exec.hpp"
 #include "tilelink/backend/cpu/prim.hpp"
 #include "tilelink/backend/cpu/workers.hpp"
-#include "tilelink/compute/cpu_attention.hpp"
+#include "query_tiles.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cpu {
 
 namespace {
 
-// The compute program's units: (batch, query head, query tile) in that order, strided over the
-// workers. `wait(b, tile)` is called before a key/value comm tile's rows are read (the fused path
-// waits on its tile_ready; the unfused path has them all).
+// The compute program: each of this worker's query tiles (detail::QueryTiles) against the
+// key/value comm tiles in the pull order (this rank's first, then rank + 1's, ...). `wait(b, tile)`
+// is called before a comm tile's rows are read (the fused path waits on its tile_ready; the unfused
+// path has them all).
 template <class Wait>
 void attention_worker(const SpAttnPlan& p, const SymmetricView& heap, const void* q, void* o, float* lse,
                       int worker, int workers, Wait&& wait) {
-  const SpAttnShape& s = p.shape;
-  const int64_t eb = dtype_size(p.dtype), d = s.head_dim, rows = p.local_rows();
-  const int64_t q_tiles = (rows + p.config.q_tile - 1) / p.config.q_tile;
-  const int group = s.heads_q / s.heads_kv;
   const SegmentTiling& kv_tiles = p.k[0].tiles;  // every batch entry's K and V share the tiling
-  const int64_t units = int64_t{s.batch} * s.heads_q * q_tiles;
-  std::vector<int64_t> q_pos;
-  std::vector<float> tile_lse;
-  for (int64_t u = worker; u < units; u += workers) {
-    const int b = static_cast<int>(u / (int64_t{s.heads_q} * q_tiles));
-    const int h = static_cast<int>(u / q_tiles % s.heads_q);
-    const int64_t i0 = u % q_tiles * p.config.q_tile, n = std::min<int64_t>(p.config.q_tile, rows - i0);
-    q_pos.resize(n);
-    for (int64_t i = 0; i < n; ++i) q_pos[i] = p.sharding.position_of(p.rank, i0 + i);
-    const int64_t last_q = *std::max_element(q_pos.begin(), q_pos.end());
-    AttnTile t(n, d);
-    const auto* qb = static_cast<const std::byte*>(q) + ((int64_t{b} * rows + i0) * s.heads_q + h) * d * eb;
-    const std::byte* kg = heap.local(p.k[b].f.gathered);
-    const std::byte* vg = heap.local(p.v[b].f.gathered);
-    const int64_t hk_off = int64_t{h / group} * d * eb, ld = int64_t{s.heads_kv} * d;
-    // the key/value comm tiles in the pull order: this rank's first, then rank + 1's, ...
+  const int64_t row_bytes = p.kv_row_bytes();
+  detail::QueryTiles tiles(p, p.config.q_tile, worker, workers);
+  for (detail::QueryTiles::Unit& u : tiles.units) {
+    const int64_t last_q = u.last_pos();
     for (int c = 0; c < kv_tiles.num_tiles(); ++c) {
-      const int tile = p.k[b].pull_tile_at(c);
+      const int tile = p.k[u.b].pull_tile_at(c);
       const int owner = kv_tiles.rank_of(tile);
-      const RowRange g = kv_tiles.rows_of(tile);  // rows of the gathered buffers
       const int64_t seg0 = p.sharding.rows.begin(owner);
+      const RowRange g = kv_tiles.rows_of(tile);  // rows of the gathered buffers
+      const int64_t begin = g.begin - seg0, end = g.end - seg0;  // rows of the owner's shard
       // causal: skip (and never wait for) a tile whose every position lies past the query tile's
-      bool needed = !s.causal;
-      for (int64_t r = g.begin; r < g.end && !needed; r += p.sharding.run_from(owner, r - seg0))
-        needed = p.sharding.position_of(owner, r - seg0) <= last_q;
+      bool needed = !p.shape.causal;
+      for (int64_t r = begin; r < end && !needed; r += p.sharding.run_from(owner, r))
+        needed = p.sharding.position_of(owner, r) <= last_q;
       if (!needed) continue;
-      wait(b, tile);
-      // the tile's rows in runs of contiguous positions (a zigzag shard's two chunks)
-      for (int64_t r = g.begin; r < g.end;) {
-        const int64_t run = std::min(g.end - r, p.sharding.run_from(owner, r - seg0));
-        attn_tile_update(t, qb, int64_t{s.heads_q} * d, q_pos.data(), kg + r * ld * eb + hk_off,
-                         vg + r * ld * eb + hk_off, ld, p.sharding.position_of(owner, r - seg0), run, p.dtype,
-                         p.scale, s.causal);
-        r += run;
-      }
+      wait(u.b, tile);
+      tiles.fold(u, q, heap.local(p.k[u.b].f.gathered) + seg0 * row_bytes,
+                 heap.local(p.v[u.b].f.gathered) + seg0 * row_bytes, owner, begin, end);
     }
-    tile_lse.resize(n);
-    attn_tile_finish(t, static_cast<std::byte*>(o) + ((int64_t{b} * rows + i0) * s.heads_q + h) * d * eb,
-                     int64_t{s.heads_q} * d, tile_lse.data(), p.dtype);
-    if (lse)
-      for (int64_t i = 0; i < n; ++i) lse[(int64_t{b} * rows + i0 + i) * s.heads_q + h] = tile_lse[i];
   }
+  tiles.finish(o, lse);
 }
 
 void check_inputs(const SpAttnPlan& p, int rank, const void* q, const void* k, const void* v, const void* o) {
