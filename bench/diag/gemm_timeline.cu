@@ -57,7 +57,7 @@ namespace sm90 = ::tilelink::compute::sm90;
 using tilelink::DType;
 #define CK(call) TL_SM90_CUDA_CHECK(call)
 
-using Hooks = sm90::SignalHooks<cuda::thread_scope_device>;
+using Hooks = sm90::SignalHooks<tilelink::Scope::kGpu>;
 // NOTE: types of this file only, so that the engine instantiated here (with the marks) is never the
 // library's or another tool's instantiation of the same template (one definition rule).
 struct DiagNoHooks : sm90::NoHooks {};

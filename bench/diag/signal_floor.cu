@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   const tilelink::TileCoord tile{0, b};
   if constexpr (Hooks::kWaits) {
     if (threadIdx.x < 32) {
-      hooks.before_tile_loads(tile, tilelink::Rect{});
+      hooks.before_tile_loads(tilelink::TileWork{tile});
       __syncwarp();
       // the engine's load warp does this after its wait, before its (async-proxy) TMA loads
       if constexpr (kProxyFence) asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if constexpr (Hooks::kNotifies) {
-    if (threadIdx.x == 0) hooks.after_tile_stored(tile, tilelink::Rect{});
+    if (threadIdx.x == 0) hooks.after_tile_stored(tilelink::TileWork{tile});
   }
 }
 
@@ -92,11 +92,11 @@ struct Signals {
   uint64_t* notify = nullptr;
   int tiles = 0;
   uint64_t epoch = 1;  // the value the wait signals hold and the notifies write
-  sm90::WaitTimeout* timeout = nullptr;
+  tilelink::cuda::DeviceContext ctx;  // the waits' bound and fault record
 };
 
 using Launch = void (*)(const uint4*, uint4*, const Signals&, long long, int, cudaStream_t);
-template <cuda::thread_scope kScope, bool kWaits, bool kNotifies, bool kProxyFence = false>
+template <tilelink::Scope kScope, bool kWaits, bool kNotifies, bool kProxyFence = false>
 void launch_variant(const uint4* in, uint4* out, const Signals& s, long long work_cycles,
                     int blocks, cudaStream_t stream) {
   sm90::SignalHooks<kScope, kWaits, kNotifies> hooks;
@@ -104,7 +104,7 @@ void launch_variant(const uint4* in, uint4* out, const Signals& s, long long wor
   hooks.notify_signals = kNotifies ? s.notify : nullptr;
   hooks.tiles_n = s.tiles;
   hooks.epoch = s.epoch;
-  hooks.timeout = s.timeout;
+  hooks.ctx = s.ctx;
   tile_kernel<decltype(hooks), kProxyFence>
       <<<blocks, kThreads, 0, stream>>>(in, out, hooks, work_cycles);
 }
@@ -113,8 +113,8 @@ struct Variant {
   const char* name;
   Launch launch;
 };
-constexpr auto kDev = cuda::thread_scope_device;
-constexpr auto kSys = cuda::thread_scope_system;
+constexpr auto kDev = tilelink::Scope::kGpu;
+constexpr auto kSys = tilelink::Scope::kSystem;
 const Variant kVariants[] = {{"plain", launch_variant<kDev, false, false>},
                              {"wait", launch_variant<kDev, true, false>},
                              {"wait+fence", launch_variant<kDev, true, false, true>},
@@ -175,19 +175,24 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&wait_signals, blocks * sizeof(uint64_t)));
   CK(cudaMalloc(&notify_signals, blocks * sizeof(uint64_t)));
   CK(cudaMemset(notify_signals, 0, blocks * sizeof(uint64_t)));
-  sm90::WaitTimeout* stall = nullptr;
-  CK(cudaHostAlloc(&stall, sizeof(sm90::WaitTimeout), cudaHostAllocMapped));
-  std::memset(stall, 0, sizeof(sm90::WaitTimeout));
-  const Signals signals{wait_signals, notify_signals, blocks, 1, stall};
+  // A wait that gives up records here (host-mapped: readable after its trap), claimed via `claim`.
+  tilelink::cuda::DeviceFault* stall = nullptr;
+  CK(cudaHostAlloc(&stall, sizeof(*stall), cudaHostAllocMapped));
+  std::memset(stall, 0, sizeof(*stall));
+  unsigned* claim = nullptr;
+  CK(cudaMalloc(&claim, sizeof(unsigned)));
+  CK(cudaMemset(claim, 0, sizeof(unsigned)));
+  tilelink::cuda::DeviceContext ctx;
+  ctx.fault = stall, ctx.claim = claim;
+  const Signals signals{wait_signals, notify_signals, blocks, 1, ctx};
   const uint64_t epoch = signals.epoch;
   // A wait that gave up (the hooks' bound) wrote where before trapping.
   auto stalled = [&](const char* what) {
-    if (stall->flag == 0) return false;
+    if (stall->claimed == 0) return false;
     std::fprintf(stderr,
                  "signal_floor: %s: block %d's wait (tile (%d, %d), signal slot %d) timed out, "
                  "saw %llu, expected %llu\n",
-                 what, stall->tile_n, stall->tile_m, stall->tile_n, stall->slot, stall->observed,
-                 stall->expected);
+                 what, stall->slot, 0, stall->tile, stall->slot, stall->observed, stall->expected);
     return true;
   };
   const size_t flush_bytes = size_t(2) * prop.l2CacheSize;
@@ -260,5 +265,6 @@ int main(int argc, char** argv) {
   CK(cudaFree(wait_signals));
   CK(cudaFree(notify_signals));
   CK(cudaFreeHost(stall));
+  CK(cudaFree(claim));
   return 0;
 }

@@ -34,40 +34,18 @@ struct AgGemmWaitHooks {
   Epoch call;  // read per tile: a graph replay's epoch is on the device
   RowRange own{0, 0};  // rows the GEMM reads from A_r itself (own_direct): nothing to wait for
 
-  // NOTE: no function calls in here (not even a noinline error path with printf): a kernel that
-  // calls any function gets its wgmma serialised by ptxas (C7510), ~7% slower (bench/notes/gemm.md).
-  // So the bounded acquire spin is written out, and a timeout (or a faulted peer's stop word) ends in
-  // the prim layer's quiet fail_wait_quiet: it records the world's fault (reported by World::sync)
-  // and traps without printing. It is const, so the engine calls it on the kernel parameter, not on
-  // a local-memory copy (impl/gemm_kernel.cuh, HooksInWarp).
-  __device__ void before_tile_loads(TileCoord tile, Rect region) const {
+  // The lanes of the load warp wait on the comm tiles covering the tile's rows, one slot a lane, in
+  // the quiet form (no function call in the engine: a call serialises its wgmma, C7510, ~7%
+  // slower; bench/notes/gemm.md). System scope: the copy engine's stream write-values and a peer
+  // GPU's stores both count. It is const, so the engine calls it on the kernel parameter, not on a
+  // local-memory copy (impl/gemm_kernel.cuh, HooksInWarp).
+  __device__ void before_tile_loads(const compute::sm90::TileWork& w) const {
+    const Rect& region = w.region;
     if (region.row >= own.begin && region.row + region.rows <= own.end) return;  // every lane alike
     const IdRange ids = comm.covering(RowRange{region.row, region.row + region.rows});
-    const uint64_t epoch = call.value();
-    unsigned lane;
-    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
-    // System scope: the copy engine's stream write-values and a peer GPU's stores both count.
-    for (int s = ids.begin + static_cast<int>(lane); s < ids.end; s += 32) {
-      ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(heap.local(tile_ready)[s]);
-      uint64_t seen = sig.load(::cuda::memory_order_acquire);
-      if (seen >= epoch) continue;
-      const uint64_t t0 = ::cuda::ptx::get_sreg_globaltimer();
-      for (uint32_t spins = 1; seen < epoch; ++spins) {
-        seen = sig.load(::cuda::memory_order_acquire);
-        if ((spins & 255u) != 0) continue;
-        // The deadline, and the stop word a faulted peer sets (impl/signal.cuh, written out here).
-        const uint64_t waited = ::cuda::ptx::get_sreg_globaltimer() - t0;
-        const unsigned stop =
-            ctx.stop ? ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_system>(*ctx.stop).load(::cuda::memory_order_relaxed)
-                     : 0u;
-        if (waited <= ctx.timeout_ns && stop == 0) continue;
-        // the quiet end of a failed wait (no call: the engine's wgmma stay asynchronous)
-        ::tilelink::cuda::detail::fail_wait_quiet(ctx, ctx.rank, tile.m * tiles_n + tile.n, s,
-                                                  SignalField::kTileReady, epoch, seen, waited,
-                                                  stop ? 2 : 0, stop);
-      }
-    }
-    __syncwarp();  // the engine adds fence.proxy.async before its TMA loads
+    warp_tile_wait<Scope::kSystem, Report::kQuiet>(
+        ctx, heap, ctx.rank, tile_ready, ids.begin, ids.end, call.value(),
+        WaitSite{SignalField::kTileReady, w.tile.m * tiles_n + w.tile.n});
   }
 };
 static_assert(compute::sm90::detail::const_callable_hooks<AgGemmWaitHooks>(),

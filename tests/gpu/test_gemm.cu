@@ -841,18 +841,19 @@ TEST(Sm90Gemm, PickTileN) {
 struct RecordingHooks {
   static constexpr bool kWaits = true;
   static constexpr bool kNotifies = true;
-  SignalHooks<cuda::thread_scope_device> signals;
+  SignalHooks<Scope::kGpu> signals;
   int* tickets = nullptr;  // [tiles]; global counter at tickets[tiles]
   int* smids = nullptr;    // [tiles]
   int tiles = 0;
-  __device__ void before_tile_loads(TileCoord t, Rect r) { signals.before_tile_loads(t, r); }
-  __device__ void after_tile_stored(TileCoord t, Rect r) {
+  __device__ void before_tile_loads(const TileWork& w) { signals.before_tile_loads(w); }
+  __device__ void after_tile_stored(const TileWork& w) {
+    const TileCoord t = w.tile;
     const int id = t.m * signals.tiles_n + t.n;
     tickets[id] = atomicAdd(&tickets[tiles], 1);
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     smids[id] = static_cast<int>(smid);
-    signals.after_tile_stored(t, r);
+    signals.after_tile_stored(w);
   }
 };
 
@@ -866,8 +867,8 @@ __global__ void delayed_producer(const __nv_bfloat16* src, __nv_bfloat16* a, int
     for (int64_t i = r0 * k + threadIdx.x; i < r1 * k; i += blockDim.x) a[i] = src[i];
     __syncthreads();
     if (threadIdx.x < tiles_n) {
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(signals[tm * tiles_n + threadIdx.x]);
-      sig.store(epoch, cuda::memory_order_release);  // cumulative over the block's writes (barrier above)
+      ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device> sig(signals[tm * tiles_n + threadIdx.x]);
+      sig.store(epoch, ::cuda::memory_order_release);  // cumulative over the block's writes (barrier above)
     }
   }
 }
@@ -979,9 +980,9 @@ __global__ void observe_notified_tiles(const __nv_bfloat16* c, int64_t m, int64_
   __shared__ int ready;
   for (int t = 0; t < tiles_m * tiles_n; ++t) {
     if (threadIdx.x == 0) {
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_device> sig(notify[t]);
+      ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device> sig(notify[t]);
       long long polls = 0;
-      while (sig.load(cuda::memory_order_acquire) < epoch && ++polls < (1ll << 24)) __nanosleep(64);
+      while (sig.load(::cuda::memory_order_acquire) < epoch && ++polls < (1ll << 24)) __nanosleep(64);
       ready = polls < (1ll << 24);
       if (!ready) atomicAdd(timed_out, 1);
     }
@@ -1041,7 +1042,7 @@ TEST(Sm90GemmHooks, NotifiedTileIsVisible) {
     std::vector<uint64_t> set(tiles, 1);
     CK(cudaMemcpy(wait_sig, set.data(), tiles * 8, cudaMemcpyHostToDevice));
     CK(cudaDeviceSynchronize());
-    SignalHooks<cuda::thread_scope_device> hooks;
+    SignalHooks<Scope::kGpu> hooks;
     hooks.wait_signals = wait_sig, hooks.notify_signals = notify_sig, hooks.tiles_n = g.tiles_n(),
     hooks.epoch = 1;
     a.a = buf.a, a.b = buf.b, a.c = buf.c;

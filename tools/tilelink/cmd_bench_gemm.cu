@@ -116,9 +116,9 @@ double median(std::vector<float> v) {
 
 // The hooks-on variants are instantiated for bf16 -> bf16 (the fused ops' type); other types time the
 // plain engine and cuBLAS only.
-using BenchHooks = sm90::SignalHooks<cuda::thread_scope_device>;
-using AgTypeHooks = sm90::SignalHooks<cuda::thread_scope_system, true, false>;  // as AG+GEMM's
-using RsTypeHooks = sm90::SignalHooks<cuda::thread_scope_system, false, true>;  // as GEMM+RS's
+using BenchHooks = sm90::SignalHooks<Scope::kGpu>;
+using AgTypeHooks = sm90::SignalHooks<Scope::kSystem, true, false>;  // as AG+GEMM's
+using RsTypeHooks = sm90::SignalHooks<Scope::kSystem, false, true>;  // as GEMM+RS's
 
 // Sets every wait signal to `epoch` (again): the lines land in L2, where a producer's stores leave them.
 __global__ void set_signals(uint64_t* sig, int64_t n, uint64_t epoch) {

@@ -6,6 +6,8 @@
 #include <cuda/atomic>
 
 #include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
+#include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/backend/cuda/epoch.hpp"
 #include "tilelink/core/tile.hpp"
 #include "tilelink/core/workspace.hpp"
@@ -13,7 +15,8 @@
 
 namespace tilelink::cuda::detail {
 
-// NOTE: call-free (a function call in the kernel serialises its wgmma: bench/notes/gemm.md).
+// NOTE: call-free (a function call in the kernel serialises its wgmma: bench/notes/gemm.md), and
+// const, so the store warp calls it on the kernel parameter.
 struct TileDoneNotifyHooks {
   static constexpr bool kWaits = false;
   static constexpr bool kNotifies = true;
@@ -21,9 +24,8 @@ struct TileDoneNotifyHooks {
   int tiles_n = 0;
   Epoch call;  // read per tile: a graph replay's epoch is on the device
 
-  __device__ void after_tile_stored(TileCoord tile, Rect) {
-    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> sig(tile_done[tile.m * tiles_n + tile.n]);
-    sig.store(call.value(), ::cuda::memory_order_release);
+  __device__ void after_tile_stored(const compute::sm90::TileWork& w) const {
+    signal_notify<Scope::kSystem>(tile_done + w.tile.m * tiles_n + w.tile.n, call.value());
   }
 };
 

@@ -19,12 +19,21 @@
 //   rank_notify<S>(ctx, heap, peer, f, value)                   peer's f[ctx.rank] = value
 //   rank_wait<S>(ctx, heap, peer, f, target)                    own f[peer] >= target
 //   rank_barrier<S>(ctx, heap, f, epoch)                        notify all, then wait for all
+//   warp_tile_wait<S, R>(ctx, heap, owner, f, begin, end, target, site)
+//                       (all 32 lanes, converged) owner's f[s] >= target for every s in
+//                       [begin, end), lane i taking slots begin + i, begin + i + 32, ...
+//   Raw signals (a signal outside a symmetric heap: an engine's tests and benchmarks)
+//   signal_notify<S>(p, value)                                  *p = value, release at S
+//   signal_wait<S, R>(ctx, p, slot, target, site)               *p >= target, acquire at S
 //   A release is cumulative: writes of other threads ordered before it (by a bar.sync of their
 //   group) are released too. Every wait ends with fence.proxy.async.global, so bulk/TMA loads issued
 //   after it see what the acquire saw.
-//   Bounded: after ctx.timeout_ns a wait records rank, owner, tile, slot, expected and observed in
-//   ctx.fault (the first fault of the world wins), prints them once, and traps. World::sync() turns
-//   the trap into a tilelink::TimeoutError that names the op.
+//   Bounded: after ctx.timeout_ns (or once a faulted peer has set this rank's stop word) a wait
+//   records rank, owner, tile, slot, expected and observed in ctx.fault (the first fault of the
+//   world's process wins), prints them once, and traps. World::sync() turns the trap into a
+//   tilelink::TimeoutError that names the op. The waits' R (Report) picks the end: kPrint as above,
+//   kQuiet records and traps without printing and without a function call, the form for code
+//   inside the GEMM engine (a call there makes ptxas serialise every wgmma of the kernel).
 //
 // Data (SM-driven; ordering as in prim/data.hpp: nothing by itself)
 //   tile_push_data(ctx, peer, copy, group)   group-wide 16-byte vector copy (4-byte or byte copy
@@ -74,6 +83,10 @@ struct DeviceContext {
   unsigned int* const* stops = nullptr;  // every rank's stop word, as this rank addresses it [world]
 };
 
+// How a failed wait ends (both record the fault and trap): kPrint also prints it (a noinline call),
+// kQuiet makes no call.
+enum class Report : uint8_t { kPrint, kQuiet };
+
 // ---- participants -----------------------------------------------------------------------------
 // Who takes part in a data move. The caller passes its own index: components never read threadIdx.
 struct Thread {
@@ -102,24 +115,32 @@ struct Block {
 template <Scope S>
 TL_DEVICE void producer_tile_notify(const DeviceContext& ctx, const SymmetricView& heap,
                                     Field<Signal> f, int slot, uint64_t value);
-template <Scope S>
+template <Scope S, Report R = Report::kPrint>
 TL_DEVICE void consumer_tile_wait(const DeviceContext& ctx, const SymmetricView& heap,
                                   Field<Signal> f, int slot, uint64_t target, WaitSite site);
 template <Scope S>
 TL_DEVICE void peer_tile_notify(const DeviceContext& ctx, const SymmetricView& heap, int peer,
                                 Field<Signal> f, int slot, uint64_t value);
-template <Scope S>
+template <Scope S, Report R = Report::kPrint>
 TL_DEVICE void peer_tile_wait(const DeviceContext& ctx, const SymmetricView& heap, int peer,
                               Field<Signal> f, int slot, uint64_t target, WaitSite site);
 template <Scope S>
 TL_DEVICE void rank_notify(const DeviceContext& ctx, const SymmetricView& heap, int peer,
                            Field<Signal> f, uint64_t value);
-template <Scope S>
+template <Scope S, Report R = Report::kPrint>
 TL_DEVICE void rank_wait(const DeviceContext& ctx, const SymmetricView& heap, int peer,
                          Field<Signal> f, uint64_t target);
 template <Scope S>
 TL_DEVICE void rank_barrier(const DeviceContext& ctx, const SymmetricView& heap, Field<Signal> f,
                             uint64_t epoch);
+template <Scope S, Report R = Report::kPrint>
+TL_DEVICE void warp_tile_wait(const DeviceContext& ctx, const SymmetricView& heap, int owner,
+                              Field<Signal> f, int begin, int end, uint64_t target, WaitSite site);
+template <Scope S>
+TL_DEVICE void signal_notify(uint64_t* signal, uint64_t value);
+template <Scope S, Report R = Report::kPrint>
+TL_DEVICE void signal_wait(const DeviceContext& ctx, uint64_t* signal, int slot, uint64_t target,
+                           WaitSite site);
 // The observed value (acquire), for tests and diagnostics.
 template <Scope S>
 TL_DEVICE uint64_t signal_load(const SymmetricView& heap, int rank, Field<Signal> f, int slot);

@@ -19,9 +19,15 @@
 //   struct MyHooks {
 //     static constexpr bool kWaits = true;     // false: before_tile_loads is never called
 //     static constexpr bool kNotifies = true;  // false: after_tile_stored is never called
-//     __device__ void before_tile_loads(TileCoord tile, Rect region);  // with kWaits only
-//     __device__ void after_tile_stored(TileCoord tile, Rect region);  // with kNotifies only
+//     __device__ void before_tile_loads(const TileWork& w) const;  // with kWaits only
+//     __device__ void after_tile_stored(const TileWork& w) const;  // with kNotifies only
 //   };
+//
+//   TileWork: the tile (its coordinates in the launch's TileGrid), `region`, the clipped rectangle
+//   of C (in C's own row/col coordinates) the tile covers, its `group` (0 for the engine's one
+//   dense problem; the problem's index where a launch computes several) and the range of K
+//   [k_begin, k_end) the unit of work reads: all of K but for a part of a split tile in
+//   before_tile_loads; after_tile_stored always sees all of K (the stored tile is the sum).
 //
 //   before_tile_loads: called by all 32 lanes of the load warp (converged) before the first TMA
 //     load of that output tile; it must return in every lane once the tile's inputs may be read
@@ -36,7 +42,6 @@
 //     publishes the whole tile. It runs off the consumers' critical path.
 //   Hooks must make no function call (printf, non-inlined code): ptxas then serializes every wgmma
 //   of the kernel (warning C7510, measured ~7% slower); report timeouts through memory and trap.
-//   `region` is the clipped rectangle of C (in C's own row/col coordinates) the tile covers.
 //   Hooks whose calls (those the flags enable) are const-callable are called on the kernel
 //   parameter itself (constant memory); otherwise each warp calls them on its own copy (registers,
 //   or local memory for arrays indexed at run time: keep big hooks const).
@@ -125,6 +130,14 @@ struct GemmStallReport {
   static constexpr int kDirtyWorkspace = 2;
   int flag = 0;  // 0 until written, then why
   int tile_m = 0, tile_n = 0;
+};
+
+// What the engine tells a hook about a unit of work (see Hooks above).
+struct TileWork {
+  TileCoord tile;
+  Rect region;
+  int group = 0;
+  int64_t k_begin = 0, k_end = 0;
 };
 
 struct GemmArgs {

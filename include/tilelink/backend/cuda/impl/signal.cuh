@@ -106,23 +106,33 @@ static __device__ __noinline__ void fail_wait(const DeviceContext& ctx, int owne
   __trap();
 }
 
+// Spins until *p >= target (acquire at S, relaxed polls between), bounded by ctx.timeout_ns and
+// stopped by the rank's stop word; no proxy fence. R: how a failed wait ends (Report).
+template <Scope S, Report R>
+TL_DEVICE TL_INLINE uint64_t spin_until(const DeviceContext& ctx, uint64_t* p, int owner, int slot,
+                                        uint64_t target, WaitSite site) {
+  uint64_t v = load_acquire<S>(p);
+  if (v >= target) return v;
+  const uint64_t t0 = now_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    v = load_acquire<S>(p);
+    if (v >= target) return v;
+    if ((spins & 255u) != 0) continue;
+    const uint64_t waited = now_ns() - t0;
+    const unsigned stop = stop_word(ctx);
+    if (waited <= ctx.timeout_ns && stop == 0) continue;
+    if constexpr (R == Report::kQuiet)
+      fail_wait_quiet(ctx, owner, site.tile, slot, site.field, target, v, waited, stop ? 2 : 0, stop);
+    else
+      fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, stop ? 2 : 0, stop);
+  }
+}
+
 // Spins until *p >= target (acquire at S), bounded by ctx.timeout_ns.
-template <Scope S>
+template <Scope S, Report R = Report::kPrint>
 TL_DEVICE TL_INLINE void bounded_wait(const DeviceContext& ctx, uint64_t* p, int owner, int slot,
                                       uint64_t target, WaitSite site) {
-  uint64_t v = load_acquire<S>(p);
-  if (v < target) {
-    const uint64_t t0 = now_ns();
-    for (uint32_t spins = 1;; ++spins) {
-      v = load_acquire<S>(p);
-      if (v >= target) break;
-      if ((spins & 255u) == 0) {
-        const uint64_t waited = now_ns() - t0;
-        if (waited > ctx.timeout_ns) fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, 0);
-        if (const unsigned stop = stop_word(ctx)) fail_wait(ctx, owner, site.tile, slot, site.field, target, v, waited, 2, stop);
-      }
-    }
-  }
+  spin_until<S, R>(ctx, p, owner, slot, target, site);
   // NOTE: bulk/TMA loads run in the async proxy; this orders them after the acquire.
   ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global);
 }
@@ -135,11 +145,11 @@ TL_DEVICE TL_INLINE void producer_tile_notify(const DeviceContext& ctx, const Sy
   detail::store_release<S>(heap.peer(ctx.rank, f) + slot, value);
 }
 
-template <Scope S>
+template <Scope S, Report R>
 TL_DEVICE TL_INLINE void consumer_tile_wait(const DeviceContext& ctx, const SymmetricView& heap,
                                             Field<Signal> f, int slot, uint64_t target,
                                             WaitSite site) {
-  detail::bounded_wait<S>(ctx, heap.peer(ctx.rank, f) + slot, ctx.rank, slot, target, site);
+  detail::bounded_wait<S, R>(ctx, heap.peer(ctx.rank, f) + slot, ctx.rank, slot, target, site);
 }
 
 template <Scope S>
@@ -148,11 +158,11 @@ TL_DEVICE TL_INLINE void peer_tile_notify(const DeviceContext&, const SymmetricV
   detail::store_release<S>(heap.peer(peer, f) + slot, value);
 }
 
-template <Scope S>
+template <Scope S, Report R>
 TL_DEVICE TL_INLINE void peer_tile_wait(const DeviceContext& ctx, const SymmetricView& heap,
                                         int peer, Field<Signal> f, int slot, uint64_t target,
                                         WaitSite site) {
-  detail::bounded_wait<S>(ctx, heap.peer(peer, f) + slot, peer, slot, target, site);
+  detail::bounded_wait<S, R>(ctx, heap.peer(peer, f) + slot, peer, slot, target, site);
 }
 
 template <Scope S>
@@ -161,10 +171,10 @@ TL_DEVICE TL_INLINE void rank_notify(const DeviceContext& ctx, const SymmetricVi
   detail::store_release<S>(heap.peer(peer, f) + ctx.rank, value);
 }
 
-template <Scope S>
+template <Scope S, Report R>
 TL_DEVICE TL_INLINE void rank_wait(const DeviceContext& ctx, const SymmetricView& heap, int peer,
                                    Field<Signal> f, uint64_t target) {
-  detail::bounded_wait<S>(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
+  detail::bounded_wait<S, R>(ctx, heap.peer(ctx.rank, f) + peer, ctx.rank, peer, target,
                           WaitSite{SignalField::kRankSignals, -1});
 }
 
@@ -172,7 +182,31 @@ template <Scope S>
 TL_DEVICE TL_INLINE void rank_barrier(const DeviceContext& ctx, const SymmetricView& heap,
                                       Field<Signal> f, uint64_t epoch) {
   for (int p = 0; p < ctx.world_size; ++p) rank_notify<S>(ctx, heap, p, f, epoch);
-  for (int p = 0; p < ctx.world_size; ++p) rank_wait<S>(ctx, heap, p, f, epoch);
+  for (int p = 0; p < ctx.world_size; ++p) rank_wait<S, Report::kPrint>(ctx, heap, p, f, epoch);
+}
+
+template <Scope S, Report R>
+TL_DEVICE TL_INLINE void warp_tile_wait(const DeviceContext& ctx, const SymmetricView& heap,
+                                        int owner, Field<Signal> f, int begin, int end,
+                                        uint64_t target, WaitSite site) {
+  unsigned lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  uint64_t* slots = heap.peer(owner, f);
+  for (int s = begin + static_cast<int>(lane); s < end; s += 32)
+    detail::spin_until<S, R>(ctx, slots + s, owner, s, target, site);
+  __syncwarp();
+  ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global);
+}
+
+template <Scope S>
+TL_DEVICE TL_INLINE void signal_notify(uint64_t* signal, uint64_t value) {
+  detail::store_release<S>(signal, value);
+}
+
+template <Scope S, Report R>
+TL_DEVICE TL_INLINE void signal_wait(const DeviceContext& ctx, uint64_t* signal, int slot,
+                                     uint64_t target, WaitSite site) {
+  detail::bounded_wait<S, R>(ctx, signal, ctx.rank, slot, target, site);
 }
 
 template <Scope S>

@@ -44,8 +44,8 @@ namespace tilelink::compute::sm90 {
 struct NoHooks {
   static constexpr bool kWaits = false;
   static constexpr bool kNotifies = false;
-  __device__ void before_tile_loads(TileCoord, Rect) {}
-  __device__ void after_tile_stored(TileCoord, Rect) {}
+  __device__ void before_tile_loads(const TileWork&) const {}
+  __device__ void after_tile_stored(const TileWork&) const {}
 };
 
 namespace detail {
@@ -87,15 +87,54 @@ struct GemmConfig {
   static_assert(kNumMmaThreads == 256, "the cooperative mainloop uses two consumer warpgroups");
 };
 
-// Consumers -> store warp: a ring of mbarriers ("tile j is stored", "slot free again"). 16 slots:
-// the consumers wait for a free slot only from a block's 17th tile on (the wait, though its slot is
-// always long free, measured ~0.1-0.2% at 8 tiles a block; bench/notes/gemm.md, the hooks' cost).
-struct TileStoredRing {
+// The store pipeline: consumers -> store warp, in shared memory. A ring of mbarriers ("unit j is
+// stored", "slot free again"), and on the TMA store path the tile buffer's "read out" barrier. 16
+// slots: the consumers wait for a free slot only from a block's 17th unit on (the wait, though its
+// slot is always long free, measured ~0.1-0.2% at 8 tiles a block; bench/notes/gemm.md, the hooks'
+// cost). j counts the block's units of work (TileScheduler).
+struct StorePipeline {
+  using Barrier = cutlass::arch::ClusterBarrier;
   static constexpr int kSlots = 16;
   uint64_t full[kSlots];
   uint64_t empty[kSlots];
   uint64_t c_tile_free;  // TMA store path: the store warp has read the tile out of shared memory
   uint32_t skip[kSlots];  // the split last wave: 1 if the consumers left the tile to another part
+
+  // One thread (of the store warp), before the block's first barrier.
+  TL_DEVICE void init(int consumers) {
+    for (int s = 0; s < kSlots; ++s) {
+      Barrier::init(&full[s], consumers);  // an arrive per consumer thread
+      Barrier::init(&empty[s], 1);
+    }
+    Barrier::init(&c_tile_free, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  // Consumers, TMA store path: before staging unit j's tile, unit j - 1's is read out. NOTE: also
+  // for a unit that stores nothing: the store warp frees the buffer once per unit, and a parity
+  // wait must not fall two phases behind.
+  TL_DEVICE void wait_tile_buffer(int j) {
+    if (j > 0) Barrier::wait(&c_tile_free, (j - 1) & 1);
+  }
+  // Every consumer thread, after its stores of unit j (`stores`: false where another part of a split
+  // tile stores it; written by one thread, `writer`).
+  template <bool kSplit>
+  TL_DEVICE void commit(int j, bool stores, bool writer) {
+    const int slot = j % kSlots;
+    if (j >= kSlots) Barrier::wait(&empty[slot], ((j / kSlots) & 1) ^ 1);
+    if constexpr (kSplit) {
+      if (writer) skip[slot] = stores ? 0u : 1u;
+    }
+    Barrier::arrive(&full[slot]);  // release.cta: this thread's stores before it
+  }
+  // The store warp's thread: waits for unit j; returns whether the consumers stored it.
+  template <bool kSplit>
+  TL_DEVICE bool take(int j) {
+    const int slot = j % kSlots;
+    Barrier::wait(&full[slot], (j / kSlots) & 1);
+    return !(kSplit && skip[slot] != 0);
+  }
+  TL_DEVICE void free_tile_buffer() { Barrier::arrive(&c_tile_free); }
+  TL_DEVICE void release(int j) { Barrier::arrive(&empty[j % kSlots]); }
 };
 
 // Hooks whose calls (those their flags enable) are const run on the kernel parameter itself
@@ -105,11 +144,11 @@ struct TileStoredRing {
 // warp (cuobjdump -sass).
 template <class H>
 TL_HD constexpr bool const_callable_hooks() {
-  constexpr bool waits = !H::kWaits || requires(const H& h, TileCoord t, Rect r) {
-    h.before_tile_loads(t, r);
+  constexpr bool waits = !H::kWaits || requires(const H& h, const TileWork& w) {
+    h.before_tile_loads(w);
   };
-  constexpr bool notifies = !H::kNotifies || requires(const H& h, TileCoord t, Rect r) {
-    h.after_tile_stored(t, r);
+  constexpr bool notifies = !H::kNotifies || requires(const H& h, const TileWork& w) {
+    h.after_tile_stored(w);
   };
   return waits && notifies;
 }
@@ -121,7 +160,7 @@ struct SharedStorage {
   // NOTE: first, so the operand ring starts 1024-byte aligned (128-byte swizzle atoms).
   typename Cfg::Mainloop::TensorStorage tensors;
   alignas(16) typename Cfg::Mainloop::PipelineStorage pipeline;
-  alignas(16) TileStoredRing stored;
+  alignas(16) StorePipeline stored;
   uint32_t split_arrival;  // the split last wave: parts of its tile that arrived before this one
   // The TMA store path's tile (tma_tile_bytes), or the staged path's per-warp buffers
   // (kStageBytesPerWarp each): one launch uses one of them.
@@ -171,7 +210,7 @@ struct KernelParams : AltSource<Cfg, kAltA>, CTailMap<Cfg::kTmaStore && tma_has_
   Hooks hooks;
 };
 
-// The persistent walk: worker `first` of `stride` visits order.at(first), order.at(first + stride), ...
+// The persistent walk: worker `first` of `stride` visits unit first, first + stride, ...
 struct PersistentWalk {
   int first, stride, count;
   TL_HD int num_local() const { return first < count ? (count - first + stride - 1) / stride : 0; }
@@ -197,6 +236,44 @@ TL_DEVICE WorkUnit work_unit(const P& p, int u, int k_tiles) {
   const int k0 = part * k_tiles / parts, k1 = (part + 1) * k_tiles / parts;
   return {p.order.at(whole + slot), k0, k1 - k0, slot, part};
 }
+
+// The tile scheduler: the units of work a block computes (whole tiles in the launch's TileOrder,
+// then the parts of K of the split last wave's tiles), the same for every warp of the block, and
+// what a hook is told about each (TileWork). The mainloop, the epilogue and the store pipeline take
+// their units from it.
+template <bool kSplit, class P>
+struct TileScheduler {
+  const P& p;
+  TileGrid grid;
+  PersistentWalk walk;
+  int k_tiles;
+
+  TL_DEVICE static TileScheduler make(const P& p, int tile_n) {
+    return {p, gemm_tile_grid(p.m, p.n, tile_n),
+            PersistentWalk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                           p.order.count() +
+                               (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)},
+            static_cast<int>(ceil_div(p.k, kTileK))};
+  }
+  TL_DEVICE int units() const { return walk.num_local(); }
+  TL_DEVICE WorkUnit unit(int j) const { return work_unit<kSplit>(p, walk.global(j), k_tiles); }
+  // Whether the block's last unit is a part of a split tile (the consumers meet the other parts).
+  TL_DEVICE bool ends_in_split() const {
+    if constexpr (!kSplit) return false;
+    return units() > 0 && unit(units() - 1).split >= 0;
+  }
+  // For the wait hook: the unit's K range; for the notify hook (whole_k): all of K, the stored tile
+  // being the sum of its parts.
+  TL_DEVICE TileWork work(const WorkUnit& u, bool whole_k) const {
+    TileWork w;
+    w.tile = u.tile;
+    w.region = grid.region(u.tile);
+    w.group = 0;
+    w.k_begin = whole_k ? 0 : int64_t{u.k_begin} * kTileK;
+    w.k_end = whole_k ? p.k : min(int64_t{u.k_begin + u.k_count} * kTileK, int64_t{p.k});
+    return w;
+  }
+};
 
 // Whether consumer thread t's accumulators hold any of the tile's first `rows` rows (rows of C).
 template <int TileN, class TiledMma>
@@ -406,12 +483,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   const bool handoff = kStoreWarp && (Hooks::kNotifies || p.tma_store);  // consumers hand tiles over
   if constexpr (kStoreWarp) {
     if (warp_idx == 1 && cute::elect_one_sync()) {
-      for (int s = 0; s < TileStoredRing::kSlots; ++s) {
-        Barrier::init(&shared.stored.full[s], Cfg::kNumMmaThreads);  // an arrive per consumer
-        Barrier::init(&shared.stored.empty[s], 1);
-      }
-      Barrier::init(&shared.stored.c_tile_free, 1);
-      cutlass::arch::fence_barrier_init();
+      shared.stored.init(Cfg::kNumMmaThreads);
       if (p.tma_store) {
         cute::prefetch_tma_descriptor(&p.c_map);
         if constexpr (Cfg::kTmaStore && tma_has_tail(kTileN)) {
@@ -421,17 +493,14 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     }
   }
 
-  const TileGrid grid = gemm_tile_grid(p.m, p.n, kTileN);
-  const PersistentWalk walk{
-      static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
-      p.order.count() + (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)};
+  const auto sched = TileScheduler<kSplit, KernelParams<Cfg, Hooks, kAltA>>::make(p, kTileN);
+  const TileGrid& grid = sched.grid;
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
   // setup) measured slower, not faster: the load warp waits below. So did the load warp sending a
   // relaxed read of the signal out at entry and ending the wait with `fence.acquire` after this
   // barrier (bench/notes/gemm.md, designs tried and not kept: the hooks' fixed cost).
   __syncthreads();
   if (threadIdx.x == 0) TL_GEMM_MARK(11);
-  const int k_tiles = static_cast<int>(ceil_div(p.k, kTileK));
   const auto problem_mnkl = make_shape(p.m, p.n, p.k, 1);
   Mainloop mainloop;
 
@@ -445,13 +514,13 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       HooksInWarp<Hooks> hooks = p.hooks;
       PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
       if (cute::elect_one_sync()) TL_GEMM_MARK(1);
-      for (int j = 0; j < walk.num_local(); ++j) {
-        const WorkUnit unit = work_unit<kSplit>(p, walk.global(j), k_tiles);
+      for (int j = 0; j < sched.units(); ++j) {
+        const WorkUnit unit = sched.unit(j);
         const TileCoord tile = unit.tile;
         if (j == 0 && cute::elect_one_sync()) TL_GEMM_MARK(14);
         [[maybe_unused]] const long long t_wait = TL_GEMM_CLOCK();
         if constexpr (Hooks::kWaits) {
-          hooks.before_tile_loads(tile, grid.region(tile));
+          hooks.before_tile_loads(sched.work(unit, false));
           __syncwarp();
           // NOTE: the hook's acquire is a generic-proxy access; TMA reads through the async proxy.
           fence_proxy_async_global();
@@ -497,16 +566,14 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     if constexpr (kStoreWarp) {
       if (warp_in_group == 1 && handoff && cute::elect_one_sync()) {
         [[maybe_unused]] HooksInWarp<Hooks> hooks = p.hooks;
-        for (int j = 0; j < walk.num_local(); ++j) {
-          const int slot = j % TileStoredRing::kSlots;
-          const uint32_t phase = (j / TileStoredRing::kSlots) & 1;
-          Barrier::wait(&shared.stored.full[slot], phase);
-          if (j + 1 == walk.num_local()) TL_GEMM_MARK(7);
-          const TileCoord tile = work_unit<kSplit>(p, walk.global(j), k_tiles).tile;
-          const bool skip = kSplit && shared.stored.skip[slot] != 0;  // another part stores it
+        for (int j = 0; j < sched.units(); ++j) {
+          const bool skip = !shared.stored.template take<kSplit>(j);  // another part stores it
+          if (j + 1 == sched.units()) TL_GEMM_MARK(7);
+          const WorkUnit unit = sched.unit(j);
+          const TileCoord tile = unit.tile;
           if constexpr (Cfg::kTmaStore) {
             if (p.tma_store && skip) {
-              Barrier::arrive(&shared.stored.c_tile_free);  // one arrive per unit, as below
+              shared.stored.free_tile_buffer();  // one per unit, as below
             } else if (p.tma_store) {
               // The box clips at C's edges: a ragged tile writes only its region.
               namespace ptx = ::cuda::ptx;
@@ -523,7 +590,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
               }
               ptx::cp_async_bulk_commit_group();
               ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});  // the buffer is free again
-              Barrier::arrive(&shared.stored.c_tile_free);
+              shared.stored.free_tile_buffer();
               if constexpr (Hooks::kNotifies) {
                 ptx::cp_async_bulk_wait_group(ptx::n32_t<0>{});  // the tile is in C ...
                 fence_proxy_async_global();  // ... and ordered before the hook's (generic) release
@@ -531,10 +598,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
             }
           }
           if constexpr (Hooks::kNotifies) {
-            if (!skip) hooks.after_tile_stored(tile, grid.region(tile));
+            if (!skip) hooks.after_tile_stored(sched.work(unit, true));
           }
-          if (j + 1 == walk.num_local()) TL_GEMM_MARK(8);
-          Barrier::arrive(&shared.stored.empty[slot]);
+          if (j + 1 == sched.units()) TL_GEMM_MARK(8);
+          shared.stored.release(j);
         }
       }
     }
@@ -550,7 +617,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     // separate instance after the loop: inside the loop body it raised the register pressure
     // enough to spill the pipeline state in the mainloop (cuobjdump -sass).
     auto run_unit = [&]<bool kMeet>(int j) {
-      const WorkUnit unit = work_unit<kSplit>(p, walk.global(j), k_tiles);
+      const WorkUnit unit = sched.unit(j);
       const TileCoord tile = unit.tile;
       auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));  // (MMA, MMA_M, MMA_N)
       mainloop.mma(pipeline, read_state, accum, unit.k_count, mma_thread_idx, shared.tensors,
@@ -577,9 +644,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       };
       if constexpr (Cfg::kTmaStore) {
         if (p.tma_store) {
-          // NOTE: also for a unit that stores nothing: the store warp arrives once per unit, and
-          // a parity wait must not fall two phases behind.
-          if (j > 0) Barrier::wait(&shared.stored.c_tile_free, (j - 1) & 1);  // tile j-1 read out
+          shared.stored.wait_tile_buffer(j);  // unit j-1's tile read out
           if (stores) {
             stage_tile_for_tma<kTileN, typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
                                                                  shared.epilogue);
@@ -592,32 +657,24 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       } else if (stores) {
         store_from_registers();
       }
-      if (j + 1 == walk.num_local() && thread_idx == 128) TL_GEMM_MARK(6);
-      if (j + 1 == walk.num_local() && cutlass::canonical_lane_idx() == 0) TL_GEMM_MARK_MAX(13);
+      if (j + 1 == sched.units() && thread_idx == 128) TL_GEMM_MARK(6);
+      if (j + 1 == sched.units() && cutlass::canonical_lane_idx() == 0) TL_GEMM_MARK_MAX(13);
       if (handoff) {
         // NOTE: every thread arrives (release.cta: its own stores before it; the arrives of a warp
         // are aggregated), on the ring's later laps after waiting for its slot to be free. Before,
         // lane 0 arrived for its warp after a __syncwarp: the same time, but the __syncwarp's
         // convergence region put the staged epilogue ~32 KB away from the mainloop (bench/notes/
         // gemm.md, the hooks' cost).
-        const int slot = j % TileStoredRing::kSlots;
-        if (j >= TileStoredRing::kSlots) {
-          Barrier::wait(&shared.stored.empty[slot], ((j / TileStoredRing::kSlots) & 1) ^ 1);
-        }
-        if constexpr (kSplit) {
-          if (mma_thread_idx == 0) shared.stored.skip[slot] = stores ? 0u : 1u;
-        }
-        Barrier::arrive(&shared.stored.full[slot]);
+        shared.stored.template commit<kSplit>(j, stores, mma_thread_idx == 0);
       }
     };
     if constexpr (kSplit) {
-      const int units = walk.num_local();
-      const bool meets =
-          units > 0 && work_unit<kSplit>(p, walk.global(units - 1), k_tiles).split >= 0;
+      const int units = sched.units();
+      const bool meets = sched.ends_in_split();
       for (int j = 0; j < units - (meets ? 1 : 0); ++j) run_unit.template operator()<false>(j);
       if (meets) run_unit.template operator()<true>(units - 1);
     } else {
-      for (int j = 0; j < walk.num_local(); ++j) run_unit.template operator()<false>(j);
+      for (int j = 0; j < sched.units(); ++j) run_unit.template operator()<false>(j);
     }
   }
 #endif
