@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   const tilelink::TileCoord tile{0, b};
   if constexpr (Hooks::kWaits) {
     if (threadIdx.x < 32) {
-      hooks.before_tile_loads(tilelink::TileWork{tile});
+      hooks.before_tile_loads(sm90::TileWork{tile});
       __syncwarp();
       // the engine's load warp does this after its wait, before its (async-proxy) TMA loads
       if constexpr (kProxyFence) asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if constexpr (Hooks::kNotifies) {
-    if (threadIdx.x == 0) hooks.after_tile_stored(tilelink::TileWork{tile});
+    if (threadIdx.x == 0) hooks.after_tile_stored(sm90::TileWork{tile});
   }
 }
 
