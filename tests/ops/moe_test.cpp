@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/moe_routing.hpp"
 #include "../support/random.hpp"
 #include "../support/refused.hpp"
 #include "tilelink/backend/cpu/moe_ops.hpp"
@@ -20,46 +21,9 @@
 namespace tilelink {
 namespace {
 
-enum class Routing { kUniform, kSkewed, kOneExpert, kEmptyExperts };
-
-// topk distinct experts per token, drawn by the routing pattern.
-std::vector<int32_t> draw_ids(test::Rng& rng, int64_t tokens, int topk, int experts, Routing how) {
-  std::vector<int32_t> ids(tokens * topk);
-  // the experts a token may take: all, a skewed few first, or half of them (the rest get nothing)
-  const int live = how == Routing::kEmptyExperts ? std::max(topk, experts / 2) : experts;
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<int32_t> pool(live);
-    std::iota(pool.begin(), pool.end(), 0);
-    if (how == Routing::kOneExpert) {
-      // every token's first slot takes expert 0 (and the others what is left)
-      std::shuffle(pool.begin() + 1, pool.end(), rng.gen());
-    } else if (how == Routing::kSkewed) {
-      // experts drawn with weight 1 / (1 + e): the low ids take most tokens
-      std::vector<double> w(live);
-      for (int e = 0; e < live; ++e) w[e] = 1.0 / (1.0 + e);
-      for (int s = 0; s < topk; ++s) {
-        std::discrete_distribution<int> d(w.begin() + s, w.end());
-        const int j = s + d(rng.gen());
-        std::swap(pool[s], pool[j]);
-        std::swap(w[s], w[j]);
-      }
-    } else {
-      std::shuffle(pool.begin(), pool.end(), rng.gen());
-    }
-    for (int s = 0; s < topk; ++s) ids[t * topk + s] = pool[s];
-  }
-  return ids;
-}
-
-const char* name(Routing r) {
-  switch (r) {
-    case Routing::kUniform: return "uniform";
-    case Routing::kSkewed: return "skewed";
-    case Routing::kOneExpert: return "one-expert";
-    case Routing::kEmptyExperts: return "empty-experts";
-  }
-  return "?";
-}
+using test::draw_ids;
+using test::Routing;
+using test::name;
 
 // A random MoE layer on a world: ragged tokens (empty segments likely), ragged F_r (multiples of 8).
 struct Layer {
