@@ -1,6 +1,7 @@
 // The CPU compute of a MoE layer (compute/cpu_moe.hpp).
 #include "tilelink/compute/cpu_moe.hpp"
 
+#include <cmath>
 #include <utility>
 
 #include "tilelink/compute/cpu_gemm.hpp"
@@ -131,6 +132,56 @@ std::vector<double> moe_topk_reduce_f64(std::span<const double> y, const MoeRout
       for (int64_t j = 0; j < n; ++j) out[t * n + j] += weights[p] * y[r.row_of_pair[p] * n + j];
     }
   return out;
+}
+
+namespace {
+
+// Expert e's [n, k] block of a stacked [experts, n, k] weight tensor.
+std::vector<ExpertWeight> stacked_experts(const void* w, int experts, int64_t n, int64_t k, DType dtype) {
+  std::vector<ExpertWeight> ws(experts);
+  for (int e = 0; e < experts; ++e) ws[e] = {static_cast<const std::byte*>(w) + e * n * k * dtype_size(dtype), 0};
+  return ws;
+}
+
+// Layer 1 in double on double inputs: y[i, c] = Σ_j act[i, j] · W2_e[c, j], then the top-k reduce.
+std::vector<double> layer1_f64(std::span<const double> act, const MoeRouting& rt, const void* w2,
+                               std::span<const float> weights, int64_t h, int64_t f, DType dtype) {
+  const std::vector<ExpertWeight> ws = stacked_experts(w2, rt.experts, h, f, dtype);
+  std::vector<double> y(rt.rows() * h, 0.0);
+  for (int e = 0; e < rt.experts; ++e)
+    for (int64_t i = rt.offsets[e]; i < rt.offsets[e + 1]; ++i)
+      for (int64_t c = 0; c < h; ++c) {
+        double acc = 0;
+        for (int64_t j = 0; j < f; ++j) acc += act[i * f + j] * load_as_float(ws[e].w, dtype, c * f + j);
+        y[i * h + c] = acc;
+      }
+  return moe_topk_reduce_f64(y, rt, weights, h);
+}
+
+}  // namespace
+
+std::vector<double> moe_layer1_partial_f64(const void* h1, const MoeRouting& rt, const void* w2,
+                                           std::span<const float> weights, int64_t h, int64_t f, DType dtype) {
+  if (rt.rows() == 0) return std::vector<double>(rt.tokens * h, 0.0);
+  const std::vector<double> y =
+      moe_grouped_gemm_f64(h1, f, {}, rt.offsets, stacked_experts(w2, rt.experts, h, f, dtype), h, f, dtype);
+  return moe_topk_reduce_f64(y, rt, weights, h);
+}
+
+std::vector<double> moe_mlp_partial_f64(const void* x, const MoeRouting& rt, const void* w1, const void* w2,
+                                        std::span<const float> weights, int64_t h, int64_t f, DType dtype) {
+  if (rt.rows() == 0) return std::vector<double>(rt.tokens * h, 0.0);
+  std::vector<int64_t> a_rows(rt.rows());
+  for (int64_t i = 0; i < rt.rows(); ++i) a_rows[i] = rt.token_of_row(i);
+  const std::vector<double> gu =
+      moe_grouped_gemm_f64(x, h, a_rows, rt.offsets, stacked_experts(w1, rt.experts, 2 * f, h, dtype), 2 * f, h, dtype);
+  std::vector<double> act(rt.rows() * f);
+  for (int64_t i = 0; i < rt.rows(); ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      const double g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
+      act[i * f + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return layer1_f64(act, rt, w2, weights, h, f, dtype);
 }
 
 }  // namespace tilelink

@@ -1,6 +1,9 @@
 // MoE routing on the host (ops/moe_routing.hpp).
 #include "tilelink/ops/moe_routing.hpp"
 
+#include <algorithm>
+#include <numeric>
+
 #include "tilelink/core/error.hpp"
 
 namespace tilelink {
@@ -28,6 +31,57 @@ MoeRouting moe_route(std::span<const int32_t> topk_ids, int64_t tokens, int topk
                             r.offsets.data(), r.pair_of_row.data(), r.row_of_pair.data());
   TL_REQUIRE(ok, "moe routing: the tables could not be filled");  // unreachable after the checks
   return r;
+}
+
+
+const char* moe_routing_name(MoeRoutingPattern pattern) {
+  switch (pattern) {
+    case MoeRoutingPattern::kUniform: return "uniform";
+    case MoeRoutingPattern::kSkewed: return "skewed";
+    case MoeRoutingPattern::kOneExpert: return "one-expert";
+    case MoeRoutingPattern::kEmptyExperts: return "empty-experts";
+  }
+  return "?";
+}
+
+MoeRoutingPattern moe_routing_pattern(std::string_view name) {
+  for (MoeRoutingPattern p : {MoeRoutingPattern::kUniform, MoeRoutingPattern::kSkewed, MoeRoutingPattern::kOneExpert,
+                              MoeRoutingPattern::kEmptyExperts})
+    if (name == moe_routing_name(p)) return p;
+  TL_REQUIRE(false, "moe routing: unknown routing '" << name << "' (uniform, skewed, one-expert, empty-experts)");
+  return MoeRoutingPattern::kUniform;
+}
+
+std::vector<int32_t> moe_draw_routing(std::mt19937_64& gen, int64_t tokens, int topk, int experts,
+                                      MoeRoutingPattern how) {
+  TL_REQUIRE(experts >= 1 && topk >= 1 && topk <= experts && tokens >= 0,
+             "moe routing: a draw needs tokens >= 0 and 1 <= top-k <= experts, got tokens " << tokens << ", top-k "
+                                                                                          << topk << ", experts " << experts);
+  std::vector<int32_t> ids(tokens * topk);
+  // the experts a token may take: all, a skewed few first, or half of them (the rest get nothing)
+  const int live = how == MoeRoutingPattern::kEmptyExperts ? std::max(topk, experts / 2) : experts;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> pool(live);
+    std::iota(pool.begin(), pool.end(), 0);
+    if (how == MoeRoutingPattern::kOneExpert) {
+      // every token's first slot takes expert 0 (and the others what is left)
+      std::shuffle(pool.begin() + 1, pool.end(), gen);
+    } else if (how == MoeRoutingPattern::kSkewed) {
+      // experts drawn with weight 1 / (1 + e): the low ids take most tokens
+      std::vector<double> w(live);
+      for (int e = 0; e < live; ++e) w[e] = 1.0 / (1.0 + e);
+      for (int s = 0; s < topk; ++s) {
+        std::discrete_distribution<int> d(w.begin() + s, w.end());
+        const int j = s + d(gen);
+        std::swap(pool[s], pool[j]);
+        std::swap(w[s], w[j]);
+      }
+    } else {
+      std::shuffle(pool.begin(), pool.end(), gen);
+    }
+    for (int s = 0; s < topk; ++s) ids[t * topk + s] = pool[s];
+  }
+  return ids;
 }
 
 }  // namespace tilelink

@@ -362,11 +362,8 @@ TEST(MoeGemmRs, MatchesFloat64AndUnfusedOnAnyWorld) {
       });
       // float64: Σ over ranks of the top-k reduce of each rank's grouped products
       std::vector<double> want(tokens * h, 0.0);
-      for (int r = 0; r < W && rows > 0; ++r) {
-        std::vector<ExpertWeight> ws(experts);
-        for (int e = 0; e < experts; ++e) ws[e] = {w2[r].data() + e * h * f[r] * eb, 0};
-        const std::vector<double> y = moe_grouped_gemm_f64(h1[r].data(), f[r], {}, rt.offsets, ws, h, f[r], dtype);
-        const std::vector<double> pr = moe_topk_reduce_f64(y, rt, weights, h);
+      for (int r = 0; r < W; ++r) {
+        const std::vector<double> pr = moe_layer1_partial_f64(h1[r].data(), rt, w2[r].data(), weights, h, f[r], dtype);
         for (int64_t i = 0; i < tokens * h; ++i) want[i] += pr[i];
       }
       for (int r = 0; r < W; ++r) {
@@ -455,32 +452,9 @@ TEST(MoeMlp, MatchesFloat64AndUnfusedOnAnyWorld) {
     });
     // float64: per rank, gate and up rows, SiLU(gate) · up, times W2, the top-k reduce; summed
     const MoeRouting rt = moe_route(ids, tokens, topk, experts);
-    std::vector<int64_t> a_rows(rows);
-    for (int64_t i = 0; i < rows; ++i) a_rows[i] = rt.token_of_row(i);
     std::vector<double> want(tokens * h, 0.0);
-    for (int r = 0; r < W && rows > 0; ++r) {
-      std::vector<ExpertWeight> ws1(experts), ws2(experts);
-      for (int e = 0; e < experts; ++e) {
-        ws1[e] = {w1[r].data() + e * 2 * f[r] * h * eb, 0};
-        ws2[e] = {w2[r].data() + e * h * f[r] * eb, 0};
-      }
-      const std::vector<double> gu = moe_grouped_gemm_f64(x.data(), h, a_rows, rt.offsets, ws1, 2 * f[r], h, dtype);
-      std::vector<double> act(rows * f[r]);
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < f[r]; ++j) {
-          const double g = gu[i * 2 * f[r] + j], u = gu[i * 2 * f[r] + f[r] + j];
-          act[i * f[r] + j] = g / (1.0 + std::exp(-g)) * u;
-        }
-      // layer 1 in float64 on the exact activations: y[i, c] = Σ_j act[i, j] · W2_e[c, j]
-      std::vector<double> y(rows * h, 0.0);
-      for (int e = 0; e < experts; ++e)
-        for (int64_t i = rt.offsets[e]; i < rt.offsets[e + 1]; ++i)
-          for (int64_t c = 0; c < h; ++c) {
-            double acc = 0;
-            for (int64_t j = 0; j < f[r]; ++j) acc += act[i * f[r] + j] * load_as_float(ws2[e].w, dtype, c * f[r] + j);
-            y[i * h + c] = acc;
-          }
-      const std::vector<double> pr = moe_topk_reduce_f64(y, rt, weights, h);
+    for (int r = 0; r < W; ++r) {
+      const std::vector<double> pr = moe_mlp_partial_f64(x.data(), rt, w1[r].data(), w2[r].data(), weights, h, f[r], dtype);
       for (int64_t i = 0; i < tokens * h; ++i) want[i] += pr[i];
     }
     for (int r = 0; r < W; ++r) {

@@ -71,4 +71,16 @@ std::vector<double> moe_grouped_gemm_f64(const void* a, int64_t lda, std::span<c
 std::vector<double> moe_topk_reduce_f64(std::span<const double> y, const MoeRouting& routing,
                                         std::span<const float> weights, int64_t n);
 
+// One rank's share of the layers in float64 (tensor parallel over F, F_r = ffn_local), its
+// partial [tokens, H] before the ReduceScatter sums the ranks:
+//   layer 1:  the top-k reduce of h1 [rows, F_r] · W2_eᵀ (w2: [experts, H, F_r])
+//   the MLP:  X · W1_eᵀ (w1: [experts, 2 F_r, H], gate rows then up rows), SiLU(gate) · up, then
+//             layer 1 on those activations in double (not rounded to dtype)
+std::vector<double> moe_layer1_partial_f64(const void* h1, const MoeRouting& routing, const void* w2,
+                                           std::span<const float> weights, int64_t hidden, int64_t ffn_local,
+                                           DType dtype);
+std::vector<double> moe_mlp_partial_f64(const void* x, const MoeRouting& routing, const void* w1, const void* w2,
+                                        std::span<const float> weights, int64_t hidden, int64_t ffn_local,
+                                        DType dtype);
+
 }  // namespace tilelink

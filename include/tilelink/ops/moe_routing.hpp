@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "tilelink/core/config.hpp"
@@ -63,5 +65,18 @@ struct MoeRouting {
 // Checks everything (ids in range, topk_ids.size() == tokens * topk, topk in [1, experts],
 // experts >= 1) and throws tilelink::Error naming the token and slot of a bad id.
 MoeRouting moe_route(std::span<const int32_t> topk_ids, int64_t tokens, int topk, int experts);
+
+// Routings for tests and benchmarks: topk distinct experts per token, drawn from `gen` by a pattern.
+//   uniform        every expert alike
+//   skewed         expert e drawn with weight 1 / (1 + e): the low ids take most pairs
+//   one-expert     every token's first slot is expert 0 (it takes every token), the others uniform
+//   empty-experts  only the first max(topk, experts / 2) experts are drawn; the rest get nothing
+enum class MoeRoutingPattern { kUniform, kSkewed, kOneExpert, kEmptyExperts };
+const char* moe_routing_name(MoeRoutingPattern pattern);
+// The pattern of a name above; throws tilelink::Error listing the names.
+MoeRoutingPattern moe_routing_pattern(std::string_view name);
+// topk_ids [tokens, topk]; checks topk in [1, experts] (tilelink::Error).
+std::vector<int32_t> moe_draw_routing(std::mt19937_64& gen, int64_t tokens, int topk, int experts,
+                                      MoeRoutingPattern pattern);
 
 }  // namespace tilelink
