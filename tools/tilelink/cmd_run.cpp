@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cli.hpp"
+#include "layer_ops.hpp"
 #include "op_check.hpp"
 #include "op_registry.hpp"
 #include "problem.hpp"
@@ -32,18 +33,6 @@ const char* kRunUsage =
     "[--comm-workers C] [--compute-workers G] [--iters I] [--seed S] [--timeout-ms T] "
     "[--tolerance E] [--ref-limit MNK (cuda: float64 reference up to this M*N*K, 2e10)] [--transport auto|virtual|peer|ipc] [--comm-sms K] [--path auto|fused|unfused] "
     "[--baseline-only (check the unfused baseline alone)] (the last four: cuda)";
-
-int report(const OpProblem& p, const CpuOutcome& o) {
-  bool ok = o.err_fused <= p.tolerance && o.err_unfused <= p.tolerance && o.identical;
-  std::printf("  %-8s rel. error vs float64 (max over ranks) %.3e   time median %.3f ms\n", "fused",
-              o.err_fused, o.t_fused);
-  std::printf("  %-8s rel. error vs float64 (max over ranks) %.3e   time median %.3f ms\n",
-              "unfused", o.err_unfused, o.t_unfused);
-  std::printf("  fused == unfused bit for bit: %s\n", o.identical ? "yes" : "NO");
-  std::printf("%s (tolerance %.1e, %d iterations)\n", ok ? "check passed" : "CHECK FAILED",
-              p.tolerance, p.iters);
-  return ok ? 0 : 1;
-}
 
 }  // namespace
 
@@ -79,7 +68,7 @@ int run_op_command(Args& args, const OpSpec& spec) {
   TL_REQUIRE(!p.cuda_options_given,
              "--path, --comm-sms, --baseline-only and --ref-limit apply to the CUDA backend only");
   std::printf("%s\n", describe(p).c_str());
-  return report(p, check_cpu(spec, p));
+  return report_cpu_outcome(check_cpu(spec, p), p.tolerance, p.iters);
 }
 
 #if !defined(TILELINK_HAS_CUDA)
@@ -102,6 +91,13 @@ void register_op_commands() {
         "split)] [--comm-sms K] [--transport auto|virtual|peer|ipc] [--warmup W] [--bench-iters I]",
         spec.summary + " on the GPU: baseline (cuBLAS+NCCL on peer/ipc), parts, ideal, fused, speedup",
         [name](Args& args) { return bench_op_command(args, *find_op(name)); }, {"--baseline-only"}));
+  }
+  // The layer ops: run only (the CPU backend; no CUDA implementation to bench yet).
+  for (const LayerOpSpec& spec : layer_op_specs()) {
+    const std::string name = spec.name;
+    register_command(make_command("run " + name, spec.usage, spec.summary + ", checked (CPU backend)",
+                                  [name](Args& args) { return run_layer_command(args, *find_layer_op(name)); },
+                                  spec.flags));
   }
 }
 

@@ -23,6 +23,10 @@ struct CpuOutcome {
 
 CpuOutcome check_cpu(const OpSpec& spec, const OpProblem& p);
 
+// Prints the outcome (errors, times, bit-identity) and the verdict against `tolerance`; returns the
+// exit code (0: every check passed). `calls`: how many calls each side made.
+int report_cpu_outcome(const CpuOutcome& o, double tolerance, int calls);
+
 // The float64 reference of C_r for each rank of `ranks` (and, with `magnitude`, the terms'
 // magnitude), indexed by rank (empty for ranks not asked): N split, AllGather(A) * B_r^T; K split,
 // the rows C_r holds of [A_0 .. A_W-1] * [B_0 .. B_W-1]^T. a[r], b[r]: every rank's inputs, host

@@ -21,7 +21,8 @@
 
 namespace tilelink::cuda {
 
-// Experts one launch routes (its per-warp counts live in shared memory: 128 KiB at this bound).
+// Experts one launch routes (a [32 warps][experts] table of int in shared memory: 128 KiB at this
+// bound).
 inline constexpr int kMoeRouteMaxExperts = 1024;
 
 struct MoeRouteTables {

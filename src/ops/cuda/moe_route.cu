@@ -1,14 +1,17 @@
-// MoE routing on the device (ops/moe_route_cuda.hpp): one block of 1024 threads.
+// MoE routing on the device (ops/moe_route_cuda.hpp): one block of 1024 threads, 32 warps, warp w
+// owning the w-th contiguous chunk of the pairs.
 //
-// 1. Counts: each thread adds its pairs' experts into a shared histogram; a bad id lowers the
-//    shared first-bad-pair word instead.
-// 2. Offsets: one warp scans the counts (32 experts a step, carried across steps) into the offsets,
-//    which also start each expert's placing cursor.
-// 3. Placing, in rounds of 1024 pairs in pair order: the lanes of a warp that route to the same
-//    expert find each other (match.any) and take consecutive rows by lane; the warps of the round
-//    take them in warp order (each warp's count per expert in shared memory, summed over the warps
-//    before it); the cursors then move past the round. Within an expert the rows therefore follow
-//    the pairs' order, as ops/moe_routing.hpp's one-thread form places them.
+// 1. Counts: each warp counts its chunk's pairs per expert (the lanes routing to one expert find
+//    each other with match.any; one adds for them) into its own row of a [warps][experts] table; a
+//    bad id lowers the shared first-bad-pair word instead.
+// 2. Offsets: each expert's count is its column's sum; one warp scans the counts into the offsets;
+//    each warp's entry then becomes where its pairs of that expert start (the offset plus the
+//    earlier warps' counts).
+// 3. Placing: each warp walks its chunk again, 32 pairs a step, in pair order; the lanes of one
+//    expert take consecutive rows by lane from the warp's start for that expert, which then moves
+//    past them. Within an expert the rows therefore follow the pairs' order, as ops/moe_routing.hpp's
+//    one-thread form places them. No block barrier inside the walks: each warp owns its row of
+//    the table.
 // 4. Optionally one thread fills the grouped GEMM grid's first-tile table from the offsets.
 #include <cuda_runtime.h>
 
@@ -24,86 +27,110 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 8;  // ids loaded ahead in a walk: independent loads in flight
 
 size_t route_smem_bytes(int experts) {
-  // cursors [experts] int64, histogram [experts] int, per-warp counts [kWarps][experts] int
-  return size_t(experts) * (8 + 4 + 4 * kWarps);
+  return size_t(experts) * kWarps * sizeof(int);  // [kWarps][experts]: counts, then starts (< 2^31)
+}
+
+// Warp w's chunk of the pairs: [begin, end), whole steps of 32 from begin.
+struct Chunk {
+  int64_t begin, end;
+};
+TL_DEVICE Chunk chunk_of(int64_t pairs, int w) {
+  const int64_t per = (pairs + kWarps * 32 - 1) / (kWarps * 32) * 32;
+  const int64_t begin = min(pairs, per * w);
+  return {begin, min(pairs, begin + per)};
+}
+
+// Walks the chunk 32 pairs a step (every lane in every step, past the end with expert -1), calling
+// step(p, e, same): p this lane's pair, e its expert or -1, same the lanes of the same e.
+template <class Step>
+TL_DEVICE void walk(const int32_t* __restrict__ ids, Chunk c, int experts, int lane, Step&& step) {
+  for (int64_t base = c.begin; base < c.end; base += 32 * kUnroll) {
+    int e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + u * 32 + lane;
+      e[u] = p < c.end ? __ldg(&ids[p]) : -1;
+    }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + u * 32 + lane;
+      const int eu = e[u] >= 0 && e[u] < experts ? e[u] : (p < c.end ? -2 : -1);
+      step(p, eu, __match_any_sync(0xffffffffu, eu));
+      __syncwarp();
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
     moe_route_kernel(const int32_t* __restrict__ ids, int64_t pairs, int experts, MoeRouteTables out) {
   extern __shared__ __align__(16) unsigned char smem[];
-  long long* cursor = reinterpret_cast<long long*>(smem);
-  int* count = reinterpret_cast<int*>(cursor + experts);
-  int* warp_count = count + experts;  // [kWarps][experts]
+  int* table = reinterpret_cast<int*>(smem);  // [kWarps][experts]
   __shared__ unsigned long long first_bad;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  int* mine = table + warp * experts;
+  const Chunk chunk = chunk_of(pairs, warp);
 
-  for (int i = tid; i < experts * (kWarps + 1); i += kThreads) count[i] = 0;  // and warp_count
+  for (int i = tid; i < experts * kWarps; i += kThreads) table[i] = 0;
   if (tid == 0) first_bad = ULLONG_MAX;
   __syncthreads();
 
-  // 1. counts
-  for (int64_t p = tid; p < pairs; p += kThreads) {
-    const int32_t e = ids[p];
-    if (e < 0 || e >= experts)
-      atomicMin(&first_bad, static_cast<unsigned long long>(p));
-    else
-      atomicAdd(&count[e], 1);
-  }
+  // 1. each warp's counts (-2: a bad id, -1: past the chunk)
+  walk(ids, chunk, experts, lane, [&](int64_t p, int e, unsigned same) {
+    if (e >= 0 && (same & lanes_below) == 0) mine[e] += __popc(same);
+    if (e == -2) atomicMin(&first_bad, static_cast<unsigned long long>(p));
+  });
   __syncthreads();
 
-  // 2. offsets (warp 0), the cursors, the counts out
+  // 2. the counts (column sums), the offsets (warp 0's scan), then each warp's starts
+  for (int e = tid; e < experts; e += kThreads) {
+    long long c = 0;
+    for (int w = 0; w < kWarps; ++w) c += table[w * experts + e];
+    out.counts[e] = c;
+  }
+  __syncthreads();
   if (warp == 0) {
     long long carry = 0;
     if (lane == 0) out.offsets[0] = 0;
     for (int e0 = 0; e0 < experts; e0 += 32) {
       const int e = e0 + lane;
-      const long long c = e < experts ? count[e] : 0;
+      const long long c = e < experts ? out.counts[e] : 0;
       long long incl = c;
       for (int d = 1; d < 32; d *= 2) {
         const long long v = __shfl_up_sync(0xffffffffu, incl, d);
         if (lane >= d) incl += v;
       }
-      if (e < experts) {
-        cursor[e] = carry + incl - c;
-        out.counts[e] = c;
-        out.offsets[e + 1] = carry + incl;
-      }
+      if (e < experts) out.offsets[e + 1] = carry + incl;
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
   }
   __syncthreads();
+  for (int e = tid; e < experts; e += kThreads) {
+    int run = static_cast<int>(out.offsets[e]);
+    for (int w = 0; w < kWarps; ++w) {
+      const int c = table[w * experts + e];
+      table[w * experts + e] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
 
-  // 3. placing, 1024 pairs a round
-  const unsigned lanes_below = (1u << lane) - 1u;
-  for (int64_t base = 0; base < pairs; base += kThreads) {
-    const int64_t p = base + tid;
-    int e = p < pairs ? ids[p] : -1;
-    if (e >= experts) e = -1;
-    const unsigned same = __match_any_sync(0xffffffffu, e);
-    const int rank_in_warp = __popc(same & lanes_below);
-    const bool leader = rank_in_warp == 0;
-    if (e >= 0 && leader) warp_count[warp * experts + e] = __popc(same);
-    __syncthreads();
+  // 3. placing
+  walk(ids, chunk, experts, lane, [&](int64_t p, int e, unsigned same) {
     if (e >= 0) {
-      long long row = cursor[e] + rank_in_warp;
-      for (int w = 0; w < warp; ++w) row += warp_count[w * experts + e];
+      const int64_t row = mine[e] + __popc(same & lanes_below);
       out.pair_of_row[row] = p;
       out.row_of_pair[p] = row;
-    } else if (p < pairs) {
+    } else if (e == -2) {
       out.row_of_pair[p] = -1;
     }
-    __syncthreads();  // every thread read the cursors and the warps' counts
-    if (e >= 0 && leader) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(&cursor[e]), static_cast<unsigned long long>(__popc(same)));
-      warp_count[warp * experts + e] = 0;
-    }
-    __syncthreads();
-  }
+    __syncwarp();  // every lane read its start before the leader moves it
+    if (e >= 0 && (same & lanes_below) == 0) mine[e] += __popc(same);
+  });
 
-  // 4. status, and the grid's first tiles (after every thread's offsets: the barrier above, or the
-  // one after step 2 when there are no pairs)
+  // 4. status, and the grid's first tiles (the offsets were written before the barriers above)
   if (tid == 0) {
     *out.status = first_bad == ULLONG_MAX ? 0 : static_cast<int64_t>(first_bad) + 1;
     if (out.first_tiles != nullptr && fill_first_tiles(out.grid, out.first_tiles) < 0)

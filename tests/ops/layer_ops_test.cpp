@@ -1,0 +1,80 @@
+// The layer ops of the command line (tools/tilelink/layer_ops.hpp: the MoE layers), through their
+// registered specs as `tilelink run` drives them: random worlds 1-8, ragged token splits, every
+// routing pattern and dtype; each problem's fused and unfused calls within tolerance of float64 and
+// bit-identical. Bad options are refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../support/random.hpp"
+#include "../support/refused.hpp"
+#include "layer_ops.hpp"
+
+namespace tilelink {
+namespace {
+
+cli::Args args_of(std::vector<std::string> words) { return cli::Args(std::move(words), {}); }
+
+TEST(LayerOps, EveryMoeLayerOnRandomProblems) {
+  TL_SEEDED_RNG(rng);
+  const std::vector<std::string> names{"moe_ag_gemm", "moe_gemm_rs", "moe_mlp"};
+  const char* routings[] = {"uniform", "skewed", "one-expert", "empty-experts"};
+  const char* dtypes[] = {"bf16", "fp16", "fp32"};
+  for (const std::string& name : names) {
+    const cli::LayerOpSpec* spec = cli::find_layer_op(name);
+    ASSERT_NE(spec, nullptr) << name << " is not registered";
+    for (int trial = 0; trial < 6; ++trial) {
+      const int world = rng.uniform_int(1, 8);
+      const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 64);
+      const int topk = rng.uniform_int(1, std::min(8, experts));
+      const int64_t tokens = rng.uniform(0, 40);
+      std::string split;
+      for (int64_t c : rng.uneven_counts(tokens, world)) {
+        if (!split.empty()) split += ',';
+        split += std::to_string(c);
+      }
+      std::vector<std::string> words{"--world", std::to_string(world), "--tokens", std::to_string(tokens),
+                                     "--hidden", std::to_string(8 * rng.uniform(1, 6)), "--ffn",
+                                     std::to_string(world * 8 * rng.uniform(1, 3)), "--experts",
+                                     std::to_string(experts), "--topk", std::to_string(topk), "--routing",
+                                     routings[rng.uniform_int(0, 3)], "--dtype", dtypes[rng.uniform_int(0, 2)],
+                                     "--m-split", split, "--iters", "2", "--seed",
+                                     std::to_string(rng.uniform(0, 1 << 30))};
+      std::string line = name;
+      for (const auto& w : words) line += " " + w;
+      SCOPED_TRACE(line);
+      cli::Args args = args_of(words);
+      cli::LayerRun run = cli::parse_layer_run(args);
+      const auto problem = spec->parse(args, run);
+      args.finish();
+      run.tolerance = problem->default_tolerance();
+      const cli::CpuOutcome o = problem->check_cpu(run);
+      EXPECT_TRUE(o.identical) << "fused and unfused differ";
+      EXPECT_LE(o.err_fused, run.tolerance);
+      EXPECT_LE(o.err_unfused, run.tolerance);
+    }
+  }
+}
+
+TEST(LayerOps, RefusesBadOptions) {
+  const cli::LayerOpSpec* spec = cli::find_layer_op("moe_mlp");
+  ASSERT_NE(spec, nullptr);
+  auto parse = [&](std::vector<std::string> words) {
+    cli::Args args = args_of(std::move(words));
+    const cli::LayerRun run = cli::parse_layer_run(args);
+    spec->parse(args, run);
+    args.finish();
+  };
+  test::expect_refused([&] { parse({"--routing", "zipf"}); }, "unknown routing 'zipf'");
+  test::expect_refused([&] { parse({"--experts", "4", "--topk", "5"}); }, "--topk must be at most --experts (4)");
+  test::expect_refused([&] { parse({"--world", "3", "--ffn", "2"}); }, "--ffn 2 leaves a rank of the 3 without columns");
+  test::expect_refused([&] { parse({"--world", "2", "--tokens", "6", "--m-split", "1,2"}); },
+                       "--m-split adds up to 3, --tokens is 6");
+  test::expect_refused([&] { parse({"--experts", "0"}); }, "--experts");
+  test::expect_refused([&] { parse({"--world", "0"}); }, "--world must be in [1, ");
+  test::expect_refused([&] { parse({"--bogus", "1"}); }, "unknown option --bogus");
+}
+
+}  // namespace
+}  // namespace tilelink
