@@ -35,6 +35,12 @@ expect_run(1 "--topk must be at most --experts (4)" run moe_ag_gemm --experts 4 
 expect_run(1 "--m-split adds up to 5, --tokens is 6" run moe_gemm_rs --world 2 --tokens 6 --m-split 2,3)
 expect_run(1 "moe_mlp has no CUDA implementation in this build" run moe_mlp --backend cuda)
 expect_run(1 "unknown option --bogus" run moe_mlp --bogus 1)
+# Sequence-parallel attention (layer ops): zigzag and ragged contiguous shards, causal, GQA.
+expect_run(0 "check passed" run sp_attn --world 4 --seq 96 --heads 4 --kv-heads 2 --head-dim 16 --causal --shard zigzag --iters 2)
+expect_run(0 "check passed" run ring_attn --world 3 --seq 50 --batch 2 --heads 2 --kv-heads 1 --head-dim 8 --seq-split 0,30,20 --dtype fp32 --iters 2)
+expect_run(1 "3 query heads over 2 key/value heads" run sp_attn --heads 3 --kv-heads 2)
+expect_run(1 "--seq-split applies to contiguous shards" run ring_attn --shard zigzag --seq-split 1,2)
+expect_run(1 "--shard must be contiguous or zigzag" run ring_attn --shard striped)
 expect_run(1 "--world must be in" run ag_gemm --backend cpu --world 0)
 expect_run(1 "--dtype must be" run gemm_rs --backend cpu --dtype int7)
 expect_run(1 "--m-split adds up to" run ag_gemm --backend cpu --world 2 -m 10 --m-split 3,4)

@@ -1,7 +1,7 @@
-// The layer ops of the command line (tools/tilelink/layer_ops.hpp: the MoE layers), through their
-// registered specs as `tilelink run` drives them: random worlds 1-8, ragged token splits, every
-// routing pattern and dtype; each problem's fused and unfused calls within tolerance of float64 and
-// bit-identical. Bad options are refused by name.
+// The layer ops of the command line (tools/tilelink/layer_ops.hpp: the MoE layers and sequence-
+// parallel attention), through their registered specs as `tilelink run` drives them: random worlds
+// 1-8, ragged token or position splits, every routing pattern, shard and dtype; each problem's fused
+// and unfused calls within tolerance of float64 and bit-identical. Bad options are refused by name.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -14,7 +14,34 @@
 namespace tilelink {
 namespace {
 
-cli::Args args_of(std::vector<std::string> words) { return cli::Args(std::move(words), {}); }
+cli::Args args_of(std::vector<std::string> words, std::vector<std::string> flags = {}) {
+  return cli::Args(std::move(words), std::move(flags));
+}
+
+// One problem of `spec` from its options, as `tilelink run` reads them, checked.
+void expect_checked(const cli::LayerOpSpec& spec, const std::vector<std::string>& words) {
+  std::string line = spec.name;
+  for (const auto& w : words) line += " " + w;
+  SCOPED_TRACE(line);
+  cli::Args args = args_of(words, spec.flags);
+  cli::LayerRun run = cli::parse_layer_run(args);
+  const auto problem = spec.parse(args, run);
+  args.finish();
+  run.tolerance = problem->default_tolerance();
+  const cli::CpuOutcome o = problem->check_cpu(run);
+  EXPECT_TRUE(o.identical) << "fused and unfused differ";
+  EXPECT_LE(o.err_fused, run.tolerance);
+  EXPECT_LE(o.err_unfused, run.tolerance);
+}
+
+std::string joined(const std::vector<int64_t>& counts) {
+  std::string s;
+  for (int64_t c : counts) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(c);
+  }
+  return s;
+}
 
 TEST(LayerOps, EveryMoeLayerOnRandomProblems) {
   TL_SEEDED_RNG(rng);
@@ -29,30 +56,37 @@ TEST(LayerOps, EveryMoeLayerOnRandomProblems) {
       const int experts = rng.coin(0.3) ? rng.uniform_int(1, 4) : rng.uniform_int(1, 64);
       const int topk = rng.uniform_int(1, std::min(8, experts));
       const int64_t tokens = rng.uniform(0, 40);
-      std::string split;
-      for (int64_t c : rng.uneven_counts(tokens, world)) {
-        if (!split.empty()) split += ',';
-        split += std::to_string(c);
+      expect_checked(*spec, {"--world", std::to_string(world), "--tokens", std::to_string(tokens), "--hidden",
+                             std::to_string(8 * rng.uniform(1, 6)), "--ffn", std::to_string(world * 8 * rng.uniform(1, 3)),
+                             "--experts", std::to_string(experts), "--topk", std::to_string(topk), "--routing",
+                             routings[rng.uniform_int(0, 3)], "--dtype", dtypes[rng.uniform_int(0, 2)], "--m-split",
+                             joined(rng.uneven_counts(tokens, world)), "--iters", "2", "--seed",
+                             std::to_string(rng.uniform(0, 1 << 30))});
+    }
+  }
+}
+
+TEST(LayerOps, BothAttentionOpsOnRandomProblems) {
+  TL_SEEDED_RNG(rng);
+  const char* dtypes[] = {"bf16", "fp16", "fp32"};
+  for (const std::string name : {"sp_attn", "ring_attn"}) {
+    const cli::LayerOpSpec* spec = cli::find_layer_op(name);
+    ASSERT_NE(spec, nullptr) << name << " is not registered";
+    for (int trial = 0; trial < 6; ++trial) {
+      const int world = rng.uniform_int(1, 8), kv = rng.uniform_int(1, 2);
+      const int64_t seq = rng.uniform(1, 80);
+      std::vector<std::string> words{"--world", std::to_string(world), "--seq", std::to_string(seq), "--batch",
+                                     std::to_string(rng.uniform_int(1, 2)), "--kv-heads", std::to_string(kv),
+                                     "--heads", std::to_string(kv * rng.uniform_int(1, 3)), "--head-dim",
+                                     std::to_string(8 * rng.uniform(1, 3)), "--dtype", dtypes[rng.uniform_int(0, 2)],
+                                     "--iters", "2", "--seed", std::to_string(rng.uniform(0, 1 << 30))};
+      if (rng.coin()) words.push_back("--causal");
+      if (rng.coin()) {
+        words.insert(words.end(), {"--shard", "zigzag"});
+      } else {
+        words.insert(words.end(), {"--seq-split", joined(rng.uneven_counts(seq, world))});
       }
-      std::vector<std::string> words{"--world", std::to_string(world), "--tokens", std::to_string(tokens),
-                                     "--hidden", std::to_string(8 * rng.uniform(1, 6)), "--ffn",
-                                     std::to_string(world * 8 * rng.uniform(1, 3)), "--experts",
-                                     std::to_string(experts), "--topk", std::to_string(topk), "--routing",
-                                     routings[rng.uniform_int(0, 3)], "--dtype", dtypes[rng.uniform_int(0, 2)],
-                                     "--m-split", split, "--iters", "2", "--seed",
-                                     std::to_string(rng.uniform(0, 1 << 30))};
-      std::string line = name;
-      for (const auto& w : words) line += " " + w;
-      SCOPED_TRACE(line);
-      cli::Args args = args_of(words);
-      cli::LayerRun run = cli::parse_layer_run(args);
-      const auto problem = spec->parse(args, run);
-      args.finish();
-      run.tolerance = problem->default_tolerance();
-      const cli::CpuOutcome o = problem->check_cpu(run);
-      EXPECT_TRUE(o.identical) << "fused and unfused differ";
-      EXPECT_LE(o.err_fused, run.tolerance);
-      EXPECT_LE(o.err_unfused, run.tolerance);
+      expect_checked(*spec, words);
     }
   }
 }
