@@ -168,13 +168,18 @@ std::vector<double> moe_layer1_partial_f64(const void* h1, const MoeRouting& rt,
   return moe_topk_reduce_f64(y, rt, weights, h);
 }
 
+std::vector<double> moe_layer0_f64(const void* x, const MoeRouting& rt, const void* w1, int64_t h, int64_t n,
+                                   DType dtype) {
+  if (rt.rows() == 0) return {};
+  std::vector<int64_t> a_rows(rt.rows());
+  for (int64_t i = 0; i < rt.rows(); ++i) a_rows[i] = rt.token_of_row(i);
+  return moe_grouped_gemm_f64(x, h, a_rows, rt.offsets, stacked_experts(w1, rt.experts, n, h, dtype), n, h, dtype);
+}
+
 std::vector<double> moe_mlp_partial_f64(const void* x, const MoeRouting& rt, const void* w1, const void* w2,
                                         std::span<const float> weights, int64_t h, int64_t f, DType dtype) {
   if (rt.rows() == 0) return std::vector<double>(rt.tokens * h, 0.0);
-  std::vector<int64_t> a_rows(rt.rows());
-  for (int64_t i = 0; i < rt.rows(); ++i) a_rows[i] = rt.token_of_row(i);
-  const std::vector<double> gu =
-      moe_grouped_gemm_f64(x, h, a_rows, rt.offsets, stacked_experts(w1, rt.experts, 2 * f, h, dtype), 2 * f, h, dtype);
+  const std::vector<double> gu = moe_layer0_f64(x, rt, w1, h, 2 * f, dtype);
   std::vector<double> act(rt.rows() * f);
   for (int64_t i = 0; i < rt.rows(); ++i)
     for (int64_t j = 0; j < f; ++j) {

@@ -3,7 +3,6 @@
 // ring) on the CPU backend, checked against the float64 attention of the whole sequence
 // (compute/cpu_attention.hpp), output and log-sum-exp.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -101,19 +100,19 @@ class AttnProblem final : public LayerProblem {
       std::vector<std::vector<float>> lse(W), lse2(W);
       for (int r = 0; r < W; ++r) {
         qs[r] = shard_of(q, qrow, r), ks[r] = shard_of(k, kvrow, r), vs[r] = shard_of(v, kvrow, r);
-        out[r].assign(qs[r].size(), std::byte{0xff}), out2[r] = out[r];  // NaN
+        out[r].resize(qs[r].size()), out2[r].resize(qs[r].size());
+        poison(out[r]), poison(out2[r]);
         lse[r].assign(std::max<int64_t>(s.batch * sharding_.rows.size(r) * s.heads_q, 1), NAN), lse2[r] = lse[r];
       }
       auto call_op = [&](bool fused, std::vector<std::vector<std::byte>>& o_, std::vector<std::vector<float>>& l_) {
-        const auto t0 = std::chrono::steady_clock::now();
-        world.run([&](cpu::RankContext& ctx) {
+        auto on_rank = [&](cpu::RankContext& ctx) {
           const int r = ctx.rank;
           if (ring_ && fused) ring->run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
           if (ring_ && !fused) ring->run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
           if (!ring_ && fused) gather->run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
           if (!ring_ && !fused) gather->run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
-        });
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        };
+        return time_ms([&] { world.run(on_rank); });
       };
       t_fused.push_back(call_op(true, out, lse));
       t_unfused.push_back(call_op(false, out2, lse2));

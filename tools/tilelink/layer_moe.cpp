@@ -2,8 +2,6 @@
 // backend, checked against the float64 references of compute/cpu_moe.hpp with a fresh routing of the
 // chosen pattern every call (the routing tables are dynamic).
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <random>
 #include <sstream>
 
@@ -25,12 +23,6 @@ const char* kMoeUsage =
     "[--tokens M] [--hidden H] [--ffn F (total; split evenly over the ranks)] [--experts E] [--topk K] "
     "[--routing uniform|skewed|one-expert|empty-experts] [--m-split c0,c1,...] [--world W] [--dtype bf16|fp16|fp32] "
     "[--seed S] [--iters I] [--tolerance E] [--backend auto|cpu]";
-
-void poison(std::vector<std::byte>& v) { std::memset(v.data(), 0xff, v.size()); }  // NaN
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 class MoeProblem final : public LayerProblem {
  public:
@@ -121,8 +113,7 @@ class MoeProblem final : public LayerProblem {
         poison(fused[r]), poison(unfused[r]);
       }
       auto call_op = [&](bool fused_path, std::vector<std::vector<std::byte>>& out) {
-        const auto t0 = std::chrono::steady_clock::now();
-        world.run([&](cpu::RankContext& ctx) {
+        auto on_rank = [&](cpu::RankContext& ctx) {
           const int r = ctx.rank;
           const int64_t t0r = tokens_part_.begin(r);
           const int32_t* my_ids = ids.data() + t0r * topk_;
@@ -138,8 +129,8 @@ class MoeProblem final : public LayerProblem {
             if (fused_path) mlp->run(ctx, my_x, my_ids, my_w, w1[r].data(), w2[r].data(), out[r].data());
             else mlp->run_unfused(ctx, my_x, my_ids, my_w, w1[r].data(), w2[r].data(), out[r].data());
           }
-        });
-        return ms_since(t0);
+        };
+        return time_ms([&] { world.run(on_rank); });
       };
       t_fused.push_back(call_op(true, fused));
       t_unfused.push_back(call_op(false, unfused));
@@ -155,16 +146,12 @@ class MoeProblem final : public LayerProblem {
           for (size_t i = 0; i < sum.size(); ++i) sum[i] += pr[i];
         }
       }
-      std::vector<int64_t> a_rows(rows);
-      for (int64_t i = 0; i < rows; ++i) a_rows[i] = rt.token_of_row(i);
       for (int r = 0; r < W; ++r) {
         o.identical = o.identical && fused[r] == unfused[r];
         std::vector<double> ref;
         if (op_ == MoeOp::kAgGemm) {
           if (rows == 0) continue;
-          std::vector<ExpertWeight> ws(experts_);
-          for (int e = 0; e < experts_; ++e) ws[e] = {w1[r].data() + e * ffn_r_[r] * h * eb, 0};
-          ref = moe_grouped_gemm_f64(x.data(), h, a_rows, rt.offsets, ws, ffn_r_[r], h, dtype_);
+          ref = moe_layer0_f64(x.data(), rt, w1[r].data(), h, ffn_r_[r], dtype_);
         } else {
           if (tokens_part_.size(r) == 0) continue;
           ref.assign(sum.begin() + tokens_part_.begin(r) * h, sum.begin() + tokens_part_.end(r) * h);

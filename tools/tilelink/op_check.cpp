@@ -18,16 +18,6 @@ struct RankData {
   std::vector<double> ref, mag;  // float64 reference and its terms' magnitude (sum of |a_i b_i|)
 };
 
-void poison(std::vector<std::byte>& v) { std::memset(v.data(), 0xff, v.size()); }  // NaN
-
-template <class Fn>
-double time_ms(Fn&& fn) {
-  auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-
 // Calls the fused op and its unfused baseline `iters` times each on every rank, outputs poisoned
 // before every call, and records the wall time of each call.
 template <class Op>

@@ -5,12 +5,25 @@
 // for bit. The one harness of `tilelink run --backend cpu` and of the CPU fuzzer.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "op_registry.hpp"
 
 namespace tilelink::cli {
+
+// Fills an output with NaN bytes before a call, so what the call leaves unwritten shows.
+inline void poison(std::vector<std::byte>& v) { std::memset(v.data(), 0xff, v.size()); }
+
+// Wall milliseconds of fn().
+template <class Fn>
+double time_ms(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 struct CpuOutcome {
   double err_fused = 0, err_unfused = 0;  // max over ranks, relative Frobenius error vs float64

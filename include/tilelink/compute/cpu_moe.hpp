@@ -71,6 +71,11 @@ std::vector<double> moe_grouped_gemm_f64(const void* a, int64_t lda, std::span<c
 std::vector<double> moe_topk_reduce_f64(std::span<const double> y, const MoeRouting& routing,
                                         std::span<const float> weights, int64_t n);
 
+// Layer 0 of one rank in float64: every grouped row's token of X [tokens, H] times its expert's
+// W1 shard (w1: [experts, n, H]), [rows, n] in the routing's grouped order (empty without rows).
+std::vector<double> moe_layer0_f64(const void* x, const MoeRouting& routing, const void* w1, int64_t hidden,
+                                   int64_t n, DType dtype);
+
 // One rank's share of the layers in float64 (tensor parallel over F, F_r = ffn_local), its
 // partial [tokens, H] before the ReduceScatter sums the ranks:
 //   layer 1:  the top-k reduce of h1 [rows, F_r] · W2_eᵀ (w2: [experts, H, F_r])
