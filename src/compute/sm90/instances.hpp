@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "tilelink/compute/sm90/gemm.hpp"
+#include "tilelink/compute/sm90/grouped_gemm.hpp"
 
 namespace tilelink::compute::sm90::detail {
 
@@ -11,6 +12,9 @@ void gemm_bf16_bf16(const GemmArgs& args, cudaStream_t stream);
 void gemm_bf16_f32(const GemmArgs& args, cudaStream_t stream);
 void gemm_f16_f16(const GemmArgs& args, cudaStream_t stream);
 void gemm_f16_f32(const GemmArgs& args, cudaStream_t stream);
+// The grouped mode's (grouped_gemm.hpp), arguments checked.
+void grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream);
+void grouped_gemm_f16(const GroupedGemmArgs& args, cudaStream_t stream);
 // The decode kernel (gemm.hpp, "Decode sizes") on `sms` SMs; the arguments checked.
 void gemm_decode(const GemmArgs& args, int sms, cudaStream_t stream);
 // Its wgmma form (gemm_decode_wgmma.cu, instantiated there for the four dtype pairs), which

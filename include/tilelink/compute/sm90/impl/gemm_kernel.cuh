@@ -33,9 +33,11 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "tilelink/compute/sm90/gemm.hpp"
+#include "tilelink/compute/sm90/grouped_gemm.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
 #include "tilelink/compute/sm90/impl/operand_map.hpp"
+#include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90 {
@@ -167,6 +169,15 @@ struct SharedStorage {
   alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
 };
 
+// The grouped mode's shared memory: the first-tile table of its DynamicTileGrid, copied in when a
+// block starts (the walk's binary searches then read shared memory, not L2).
+template <class Cfg>
+struct GroupedSharedStorage : SharedStorage<Cfg> {
+  int group_first[kGroupedMaxGroups + 1];
+};
+template <class Cfg, bool kGrouped>
+using SharedStorageOf = std::conditional_t<kGrouped, GroupedSharedStorage<Cfg>, SharedStorage<Cfg>>;
+
 // kAltA: the descriptors of A's second source (GemmArgs::a_alt, tile rows [alt_tile0, alt_tile0 +
 // alt_tiles)) and of B; an empty base otherwise, so the other kernels' parameters do not grow.
 template <class Cfg, bool kAltA>
@@ -186,8 +197,20 @@ struct CTailMap<true> {
   CUtensorMap c_tail_map;
 };
 
-template <class Cfg, class Hooks, bool kAltA>
-struct KernelParams : AltSource<Cfg, kAltA>, CTailMap<Cfg::kTmaStore && tma_has_tail(Cfg::kTileN)> {
+// kGrouped: the grouped mode's tile grid over the groups' rows (grouped_gemm.hpp) and A's tensor map
+// (boxes of kTileM rows from any row: a group's tile row starts where the group does).
+template <bool kGrouped>
+struct GroupedRows {};
+template <>
+struct GroupedRows<true> {
+  CUtensorMap a_rows_map;
+  DynamicTileGrid groups;
+};
+
+template <class Cfg, class Hooks, bool kAltA, bool kGrouped = false>
+struct KernelParams : AltSource<Cfg, kAltA>,
+                      CTailMap<Cfg::kTmaStore && tma_has_tail(Cfg::kTileN)>,
+                      GroupedRows<kGrouped> {
   typename Cfg::Mainloop::Params mainloop;  // TMA descriptors of A and B
   int m = 0, n = 0, k = 0;
   void* c = nullptr;
@@ -223,6 +246,7 @@ struct WorkUnit {
   int k_begin, k_count;  // k-blocks
   int split;             // the tile's slot in the split workspace; -1: a whole tile
   int part;              // which part of K
+  int group = 0;         // the grouped mode's group (tile: its tile in the group's own grid)
 };
 
 // Units 0 .. order.count() - split.tiles - 1 are whole tiles in the order; each later tile is
@@ -271,6 +295,58 @@ struct TileScheduler {
     w.group = 0;
     w.k_begin = whole_k ? 0 : int64_t{u.k_begin} * kTileK;
     w.k_end = whole_k ? p.k : min(int64_t{u.k_begin + u.k_count} * kTileK, int64_t{p.k});
+    return w;
+  }
+};
+
+// The grouped mode's scheduler (grouped_gemm.hpp): the same interface over the tiles of the groups'
+// DynamicTileGrid, ids 0 .. first[groups] - 1 (first: the block's shared-memory copy of the table;
+// a bad table's -1 there gives no units). Inside a group, bands of kGroupedBand tile rows, column
+// after column.
+template <class P>
+struct GroupedTileScheduler {
+  const P& p;
+  const int* first;
+  PersistentWalk walk;
+  int k_tiles;
+  int tiles_n;
+
+  TL_DEVICE static GroupedTileScheduler make(const P& p, const int* first) {
+    return {p, first,
+            PersistentWalk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                           first[p.groups.num_groups()]},
+            static_cast<int>(ceil_div(p.k, kTileK)), p.groups.tiles_n()};
+  }
+  TL_DEVICE int units() const { return walk.num_local(); }
+  TL_DEVICE WorkUnit unit(int j) const {
+    const int id = walk.global(j);
+    int lo = 0, hi = p.groups.num_groups() - 1;
+    while (lo < hi) {  // the last group whose first tile is <= id: never an empty one
+      const int mid = lo + (hi - lo + 1) / 2;
+      if (first[mid] <= id)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int local = id - first[lo];
+    const int tiles_m = (first[lo + 1] - first[lo]) / tiles_n;
+    const int band = local / (kGroupedBand * tiles_n);
+    const int row0 = band * kGroupedBand;
+    const int rows = min(kGroupedBand, tiles_m - row0);
+    const int in_band = local - row0 * tiles_n;
+    WorkUnit u{};
+    u.tile = TileCoord{row0 + in_band % rows, in_band / rows};
+    u.k_begin = 0, u.k_count = k_tiles, u.split = -1, u.part = 0, u.group = lo;
+    return u;
+  }
+  TL_DEVICE bool ends_in_split() const { return false; }
+  TL_DEVICE TileWork work(const WorkUnit& u, bool /*whole_k*/) const {
+    TileWork w;
+    w.tile = u.tile;
+    w.region = p.groups.region(GroupTileCoord{u.group, u.tile.m, u.tile.n});
+    w.group = u.group;
+    w.k_begin = 0;
+    w.k_end = p.k;
     return w;
   }
 };
@@ -388,11 +464,14 @@ inline constexpr int64_t kShortBoxMinFill = 8;  // see launch_gemm_config
 // which cost up to 10% of a launch with two tile rows (192x8192x8192; bench/notes/gemm.md, the
 // short A box). The stage's rows past the box keep what an earlier stage left there: they meet only
 // accumulator rows past M, which nothing stores or adds. The whole warp calls it; one lane loads.
-template <class Cfg, class P, class Inputs>
-TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
-                            typename Cfg::PipelineState write_state, const Inputs& load_inputs,
-                            TileCoord tile, int k_begin, int k_count,
-                            typename Cfg::Mainloop::TensorStorage& tensors) {
+// load_a_box is its general form: A's box of box_rows rows from row a_row of `map` (kShort: fewer
+// than kTileM, the missing bytes completed), B's tile column tile_n of batch l (the grouped mode's
+// group).
+template <class Cfg, bool kShort, class P, class Inputs>
+TL_DEVICE void load_a_box(const P& p, typename Cfg::MainloopPipeline& pipeline,
+                          typename Cfg::PipelineState write_state, const Inputs& load_inputs,
+                          const CUtensorMap* map, int a_row, int box_rows, int tile_n, int l,
+                          int k_begin, int k_count, typename Cfg::Mainloop::TensorStorage& tensors) {
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
   constexpr int kStageElems = kTileM * kTileK;
@@ -401,22 +480,31 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
   if (!cute::elect_one_sync()) return;
   auto block_tma_b = p.mainloop.tma_load_b.get_slice(0);
   Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
-  Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile.n, _, 0));  // (TMA,N,K,k)
+  Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile_n, _, l));  // (TMA,N,K,k)
   Tensor tBsB = block_tma_b.partition_D(sB);                                       // (TMA,N,K,PIPE)
   const uint32_t missing =
-      static_cast<uint32_t>((kTileM - p.a_short_rows) * kTileK * sizeof(typename Cfg::ElementIn));
+      static_cast<uint32_t>((kTileM - box_rows) * kTileK * sizeof(typename Cfg::ElementIn));
   for (int kb = k_begin; kb < k_begin + k_count; ++kb, ++write_state) {
     pipeline.producer_acquire(write_state);  // waits for the stage; expects the 128-row box's bytes
     uint64_t* bar = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
-    tma_load(tensors.smem_A.data() + stage * kStageElems, &p.a_short_map, kb * kTileK,
-             tile.m * kTileM, bar);
+    tma_load(tensors.smem_A.data() + stage * kStageElems, map, kb * kTileK, a_row, bar);
     copy(p.mainloop.tma_load_b.with(*bar, uint16_t{0}), tBgB(_, _, _, kb), tBsB(_, _, _, stage));
-    asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(
-                     static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
-                 "r"(missing)
-                 : "memory");
+    if constexpr (kShort) {
+      asm volatile("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(
+                       static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+                   "r"(missing)
+                   : "memory");
+    }
   }
+}
+template <class Cfg, class P, class Inputs>
+TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
+                            typename Cfg::PipelineState write_state, const Inputs& load_inputs,
+                            TileCoord tile, int k_begin, int k_count,
+                            typename Cfg::Mainloop::TensorStorage& tensors) {
+  load_a_box<Cfg, true>(p, pipeline, write_state, load_inputs, &p.a_short_map, tile.m * kTileM,
+                        p.a_short_rows, tile.n, 0, k_begin, k_count, tensors);
 }
 
 // Timeline marks, for bench/diag/gemm_timeline.cu only: a translation unit that defines
@@ -439,10 +527,11 @@ TL_DEVICE TL_INLINE void fence_proxy_async_global() {
 }
 
 // kSplit: the instance for launches that split their last wave (gemm.hpp); the others compile
-// without any of it.
-template <class Cfg, class Hooks, bool kAltA, bool kSplit>
+// without any of it. kGrouped: the grouped mode (grouped_gemm.hpp): its scheduler, A's boxes from
+// the groups' rows, B_g by batch, stores clipped to the group.
+template <class Cfg, class Hooks, bool kAltA, bool kSplit, bool kGrouped = false>
 __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
-    gemm_kernel(CUTE_GRID_CONSTANT const KernelParams<Cfg, Hooks, kAltA> p) {
+    gemm_kernel(CUTE_GRID_CONSTANT const KernelParams<Cfg, Hooks, kAltA, kGrouped> p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
@@ -451,8 +540,11 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kTileN = Cfg::kTileN;  // this configuration's tile width
 
+  static_assert(!kGrouped || (!kAltA && !kSplit && !Cfg::kTmaStore),
+                "the grouped mode has one A, no split and register stores");
+  using Params = KernelParams<Cfg, Hooks, kAltA, kGrouped>;
   extern __shared__ __align__(1024) uint8_t tl_sm90_gemm_smem[];
-  auto& shared = *reinterpret_cast<SharedStorage<Cfg>*>(tl_sm90_gemm_smem);
+  auto& shared = *reinterpret_cast<SharedStorageOf<Cfg, kGrouped>*>(tl_sm90_gemm_smem);
 
   // ---- setup ---------------------------------------------------------------------------------
   const int thread_idx = threadIdx.x;
@@ -465,6 +557,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   if (warp_idx == 0 && cute::elect_one_sync()) {
     Mainloop::prefetch_tma_descriptors(p.mainloop);
     if constexpr (kAltA) Mainloop::prefetch_tma_descriptors(p.mainloop_alt);
+    if constexpr (kGrouped) cute::prefetch_tma_descriptor(&p.a_rows_map);
   }
 
   typename MainloopPipeline::Params pipe_params;
@@ -493,15 +586,29 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     }
   }
 
-  const auto sched = TileScheduler<kSplit, KernelParams<Cfg, Hooks, kAltA>>::make(p, kTileN);
-  const TileGrid& grid = sched.grid;
+  const auto sched = [&] {
+    if constexpr (kGrouped) {
+      const int groups = p.groups.num_groups();
+      for (int i = threadIdx.x; i <= groups; i += blockDim.x) shared.group_first[i] = p.groups.first[i];
+      __syncthreads();
+      return GroupedTileScheduler<Params>::make(p, shared.group_first);
+    } else {
+      return TileScheduler<kSplit, Params>::make(p, kTileN);
+    }
+  }();
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
   // setup) measured slower, not faster: the load warp waits below. So did the load warp sending a
   // relaxed read of the signal out at entry and ending the wait with `fence.acquire` after this
   // barrier (bench/notes/gemm.md, designs tried and not kept: the hooks' fixed cost).
   __syncthreads();
   if (threadIdx.x == 0) TL_GEMM_MARK(11);
-  const auto problem_mnkl = make_shape(p.m, p.n, p.k, 1);
+  const auto problem_mnkl = [&] {
+    if constexpr (kGrouped) {
+      return make_shape(p.m, p.n, p.k, p.groups.num_groups());  // B_g: batch g
+    } else {
+      return make_shape(p.m, p.n, p.k, 1);
+    }
+  }();
   Mainloop mainloop;
 
   if (is_producer_group) {
@@ -547,7 +654,12 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
                           cutlass::canonical_lane_idx(), 0u, shared.tensors);
           }
         }
-        if (!from_alt && p.a_short_rows != 0 && tile.m == grid.tiles_m() - 1) {
+        if constexpr (kGrouped) {
+          const int64_t a_row = p.groups.rows.begin(unit.group) + int64_t{tile.m} * kTileM;
+          load_a_box<Cfg, false>(p, pipeline, write_state, load_inputs, &p.a_rows_map,
+                                 static_cast<int>(a_row), kTileM, tile.n, unit.group, 0,
+                                 unit.k_count, shared.tensors);
+        } else if (!from_alt && p.a_short_rows != 0 && tile.m == sched.grid.tiles_m() - 1) {
           load_short_a<Cfg>(p, pipeline, write_state, load_inputs, tile, unit.k_begin, unit.k_count,
                             shared.tensors);
         } else if (!from_alt) {
@@ -633,13 +745,21 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
       auto store_from_registers = [&] {
+        // C and its rows: the grouped mode's from the group's first row, clipped to the group
+        void* c = p.c;
+        int m = p.m;
+        if constexpr (kGrouped) {
+          const int64_t row0 = p.groups.rows.begin(unit.group);
+          c = static_cast<typename Cfg::ElementOut*>(p.c) + row0 * p.ldc;
+          m = static_cast<int>(p.groups.rows.end(unit.group) - row0);
+        }
         if (p.staged_store) {
           store_tile_staged<kTileN, typename Cfg::ElementOut>(
-              p.c, p.ldc, p.m, p.n, tile, tiled_mma, mma_thread_idx, accum,
+              c, p.ldc, m, p.n, tile, tiled_mma, mma_thread_idx, accum,
               shared.epilogue + (mma_thread_idx / 32) * kStageBytesPerWarp);
         } else {
-          store_tile<kTileN, typename Cfg::ElementOut>(p.mode, p.c, p.ldc, p.m, p.n, tile,
-                                                       tiled_mma, mma_thread_idx, accum);
+          store_tile<kTileN, typename Cfg::ElementOut>(p.mode, c, p.ldc, m, p.n, tile, tiled_mma,
+                                                       mma_thread_idx, accum);
         }
       };
       if constexpr (Cfg::kTmaStore) {
@@ -864,6 +984,53 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   TL_SM90_CUDA_CHECK(cudaGetLastError());
 }
 
+// The grouped mode's launch in configuration Cfg (arguments checked): B's descriptor is CUTLASS's
+// with the groups as its batch (A's, built alongside, is never read: A comes through a_rows_map).
+template <class Cfg, class Hooks>
+void launch_grouped_gemm_config(const GroupedGemmArgs& args, const Hooks& hooks, int tile_n,
+                                int blocks, cudaStream_t stream) {
+  using namespace cute;
+  using ElementIn = typename Cfg::ElementIn;
+  using ElementOut = typename Cfg::ElementOut;
+  using Mainloop = typename Cfg::Mainloop;
+  using Params = KernelParams<Cfg, Hooks, false, true>;
+  const int64_t lda = args.lda ? args.lda : args.k;
+  const int64_t ldb = args.ldb ? args.ldb : args.k;
+
+  Params p;
+  typename Mainloop::Arguments mainloop_args{
+      static_cast<const ElementIn*>(args.a),
+      typename Mainloop::StrideA{lda, Int<1>{}, lda * args.max_rows},
+      static_cast<const ElementIn*>(args.b),
+      typename Mainloop::StrideB{ldb, Int<1>{}, ldb * args.n}};
+  const auto problem = make_shape(static_cast<int>(args.max_rows), static_cast<int>(args.n),
+                                  static_cast<int>(args.k), args.groups);
+  p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
+  encode_operand_map<ElementIn>(&p.a_rows_map, args.a, args.max_rows, args.k, lda, kTileK, kTileM,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A's rows");
+  p.groups = DynamicTileGrid{DynamicRowPartition{args.groups, args.offsets}, args.n, kTileM, tile_n,
+                             args.first_tiles};
+  p.m = static_cast<int>(args.max_rows);
+  p.n = static_cast<int>(args.n);
+  p.k = static_cast<int>(args.k);
+  p.c = args.c;
+  p.ldc = args.ldc ? args.ldc : args.n;
+  p.mode = args.epilogue;
+  // 16-byte row segments from any group's first row: C's base and row pitch both 16-byte aligned
+  p.staged_store = args.epilogue == EpilogueMode::kStore &&
+                   reinterpret_cast<uintptr_t>(args.c) % 16 == 0 &&
+                   (p.ldc * static_cast<int64_t>(sizeof(ElementOut))) % 16 == 0;
+  p.hooks = hooks;
+
+  auto* kernel = &gemm_kernel<Cfg, Hooks, false, false, true>;
+  constexpr size_t kSmemBytes = sizeof(GroupedSharedStorage<Cfg>);
+  static_assert(kSmemBytes <= 227 * 1024, "the grouped mode's table must fit beside the stages");
+  // NOTE: on every launch (see launch_gemm_config)
+  TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<blocks, Cfg::kNumThreads, kSmemBytes, stream>>>(p);
+  TL_SM90_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace detail
 
 // Checks the arguments (throws tilelink::Error), builds the TMA descriptors and launches the engine
@@ -917,6 +1084,38 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
     }
   }
   launch.template operator()<false>();
+}
+
+// The grouped mode (grouped_gemm.hpp) with `hooks`: checks the arguments (throws tilelink::Error) and
+// launches on `stream`. ElementIn: cutlass::bfloat16_t | cutlass::half_t; ElementOut the same width
+// and kind (__nv_bfloat16 | __half), matching args.in_type / args.out_type. The grid is every SM the
+// launch may use (num_sms), or fewer where no table could give that many tiles.
+template <class ElementIn, class ElementOut, class Hooks>
+void launch_grouped_gemm(const GroupedGemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
+  grouped_gemm_check(args);
+  TL_REQUIRE(
+      args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
+      "sm90 grouped gemm: this instantiation is "
+          << dtype_name(detail::kDTypeOf<ElementIn>) << " -> "
+          << dtype_name(detail::kDTypeOf<ElementOut>) << ", the arguments say "
+          << dtype_name(args.in_type) << " -> " << dtype_name(args.out_type));
+  const int tile_n = grouped_gemm_tile_n(args);
+  const int64_t max_tiles = grouped_gemm_max_tiles(args);
+  if (max_tiles == 0) return;  // no rows: nothing to compute, hooks are not called
+  int sms = args.num_sms;
+  if (sms == 0) {
+    int dev = 0;
+    TL_SM90_CUDA_CHECK(cudaGetDevice(&dev));
+    TL_SM90_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  const int blocks = static_cast<int>(max_tiles < sms ? max_tiles : sms);
+  if (tile_n == kTileNSlim) {
+    detail::launch_grouped_gemm_config<detail::GemmConfig<ElementIn, ElementOut, false, kTileNSlim>,
+                                       Hooks>(args, hooks, tile_n, blocks, stream);
+  } else {
+    detail::launch_grouped_gemm_config<detail::GemmConfig<ElementIn, ElementOut, false, kTileN>,
+                                       Hooks>(args, hooks, tile_n, blocks, stream);
+  }
 }
 
 }  // namespace tilelink::compute::sm90
