@@ -75,6 +75,13 @@ void grouped_gemm_check(const GroupedGemmArgs& a) {
   TL_REQUIRE(aligned(a.c, 4), "sm90 grouped gemm: C must be 4-byte aligned");
   TL_REQUIRE(aligned(a.offsets, 8) && aligned(a.first_tiles, 4),
              "sm90 grouped gemm: the offsets (int64) and first tiles (int) must be aligned");
+  if (a.a_row_index != nullptr) {
+    TL_REQUIRE(a.a_rows >= 1 && a.a_rows < (int64_t{1} << 31) && a.a_row_div >= 1,
+               "sm90 grouped gemm: a gathered A needs a_rows in [1, 2^31) and a_row_div >= 1, got "
+               "a_rows="
+                   << a.a_rows << ", a_row_div=" << a.a_row_div);
+    TL_REQUIRE(aligned(a.a_row_index, 8), "sm90 grouped gemm: a_row_index (int64) must be aligned");
+  }
   (void)grouped_gemm_tile_n(a);  // checks tile_n
   int dev = 0, sms = 0, major = 0, minor = 0;
   TL_SM90_CUDA_CHECK(cudaGetDevice(&dev));

@@ -19,6 +19,13 @@
 // stored); B_g is the TMA batch coordinate g. Stores are clipped to the group's rows. Empty groups
 // own no tiles; a table of no rows at all launches blocks that find nothing to do.
 //
+// Gathered A (a_row_index): the grouped rows need not be stored at all. Grouped row i then reads
+// A's row a_row_index[i] / a_row_div (an MoE layer's pair -> its token: pair / topk), A being the
+// tokens [a_rows, K]: the load warp's 32 lanes each load 4 of a tile's 128 rows, one TMA box of
+// one row and kTileK columns each, into the places the 128-row box would have put them (the
+// 128-byte swizzle follows the shared-memory address). Rows of a tile past its group's end read the
+// group's last row again. No pass over the tokens writes them in grouped order first.
+//
 // Hooks (as gemm.hpp's): TileWork.group is the group, TileWork.tile its tile in the group's own grid,
 // TileWork.region the rows of the stacked C it covers. No split of the last wave.
 //
@@ -52,6 +59,11 @@ struct GroupedGemmArgs {
   int groups = 0;
   const int64_t* offsets = nullptr;  // device, [groups + 1]: offsets[0] = 0, non-decreasing
   const int* first_tiles = nullptr;  // device, [groups + 1]: grouped_gemm_grid(args)'s first tiles
+  // Gathered A (see above): device [max_rows] (rows past offsets[groups] are never read), A's
+  // rows, the divisor. nullptr: A is [max_rows, k], grouped row i is A's row i.
+  const int64_t* a_row_index = nullptr;
+  int64_t a_rows = 0;
+  int a_row_div = 1;
   DType in_type = DType::kBF16;      // A and B
   DType out_type = DType::kBF16;     // the same as in_type (bf16 -> bf16, fp16 -> fp16)
   EpilogueMode epilogue = EpilogueMode::kStore;
@@ -80,7 +92,8 @@ int64_t grouped_gemm_max_tiles(const GroupedGemmArgs& args);
 void grouped_gemm_first_tiles_async(const GroupedGemmArgs& args, cudaStream_t stream);
 
 // Checks every argument and throws tilelink::Error before anything is launched: null pointers,
-// groups out of [1, kGroupedMaxGroups], N or K not a multiple of 8, bad strides or alignment,
+// groups out of [1, kGroupedMaxGroups], N or K not a multiple of 8, bad strides or alignment, a
+// gathered A without rows or with a divisor < 1,
 // dtypes other than bf16 -> bf16 and fp16 -> fp16, tile_n, num_sms, an sm_90 device.
 void grouped_gemm_check(const GroupedGemmArgs& args);
 

@@ -204,7 +204,10 @@ struct GroupedRows {};
 template <>
 struct GroupedRows<true> {
   CUtensorMap a_rows_map;
+  CUtensorMap a_gather_map;  // gathered A: A's rows, boxes of one row
   DynamicTileGrid groups;
+  const int64_t* a_row_index = nullptr;  // gathered A: grouped row -> index (A's row: / a_row_div)
+  int a_row_div = 1;
 };
 
 template <class Cfg, class Hooks, bool kAltA, bool kGrouped = false>
@@ -507,6 +510,47 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
                         p.a_short_rows, tile.n, 0, k_begin, k_count, tensors);
 }
 
+// The grouped mode's load of a gathered A (grouped_gemm.hpp): the tile's rows [a_row, a_row +
+// kTileM) of the grouped order, row i from A's row a_row_index[i] / a_row_div (rows at or past
+// group_end: the group's last row), lane l loading rows l, l + 32, l + 64 and l + 96 of every stage,
+// one TMA box of a row each; lane 0 arms the stage (the 128-row box's bytes, as the 128 rows add up
+// to) and loads B. The whole warp calls it.
+template <class Cfg, class P, class Inputs>
+TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
+                               typename Cfg::PipelineState write_state, const Inputs& load_inputs,
+                               int64_t a_row, int64_t group_end, int tile_n, int l, int k_count,
+                               typename Cfg::Mainloop::TensorStorage& tensors) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  constexpr int kStageElems = kTileM * kTileK;
+  constexpr int kRowsPerLane = kTileM / 32;
+  const int lane = cutlass::canonical_lane_idx();
+  int src[kRowsPerLane];
+  CUTE_UNROLL
+  for (int r = 0; r < kRowsPerLane; ++r) {
+    const int64_t row = min(a_row + lane + 32 * r, group_end - 1);
+    src[r] = static_cast<int>(__ldg(&p.a_row_index[row]) / p.a_row_div);
+  }
+  auto block_tma_b = p.mainloop.tma_load_b.get_slice(0);
+  Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+  Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile_n, _, l));  // (TMA,N,K,k)
+  Tensor tBsB = block_tma_b.partition_D(sB);                                       // (TMA,N,K,PIPE)
+  for (int kb = 0; kb < k_count; ++kb, ++write_state) {
+    if (lane == 0) pipeline.producer_acquire(write_state);  // the stage free, armed for its bytes
+    __syncwarp();
+    uint64_t* bar = pipeline.producer_get_barrier(write_state);
+    const int stage = write_state.index();
+    CUTE_UNROLL
+    for (int r = 0; r < kRowsPerLane; ++r) {
+      tma_load(tensors.smem_A.data() + stage * kStageElems + (lane + 32 * r) * kTileK,
+               &p.a_gather_map, kb * kTileK, src[r], bar);
+    }
+    if (lane == 0) {
+      copy(p.mainloop.tma_load_b.with(*bar, uint16_t{0}), tBgB(_, _, _, kb), tBsB(_, _, _, stage));
+    }
+  }
+}
+
 // Timeline marks, for bench/diag/gemm_timeline.cu only: a translation unit that defines
 // TL_GEMM_TIMELINE (and the tl_gemm_timeline_* functions) before including this header gets per-block
 // clock stamps at the points below; everywhere else the marks compile to nothing.
@@ -557,7 +601,9 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   if (warp_idx == 0 && cute::elect_one_sync()) {
     Mainloop::prefetch_tma_descriptors(p.mainloop);
     if constexpr (kAltA) Mainloop::prefetch_tma_descriptors(p.mainloop_alt);
-    if constexpr (kGrouped) cute::prefetch_tma_descriptor(&p.a_rows_map);
+    if constexpr (kGrouped) {
+      cute::prefetch_tma_descriptor(p.a_row_index != nullptr ? &p.a_gather_map : &p.a_rows_map);
+    }
   }
 
   typename MainloopPipeline::Params pipe_params;
@@ -656,9 +702,15 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         }
         if constexpr (kGrouped) {
           const int64_t a_row = p.groups.rows.begin(unit.group) + int64_t{tile.m} * kTileM;
-          load_a_box<Cfg, false>(p, pipeline, write_state, load_inputs, &p.a_rows_map,
-                                 static_cast<int>(a_row), kTileM, tile.n, unit.group, 0,
-                                 unit.k_count, shared.tensors);
+          if (p.a_row_index != nullptr) {
+            load_gathered_a<Cfg>(p, pipeline, write_state, load_inputs, a_row,
+                                 p.groups.rows.end(unit.group), tile.n, unit.group, unit.k_count,
+                                 shared.tensors);
+          } else {
+            load_a_box<Cfg, false>(p, pipeline, write_state, load_inputs, &p.a_rows_map,
+                                   static_cast<int>(a_row), kTileM, tile.n, unit.group, 0,
+                                   unit.k_count, shared.tensors);
+          }
         } else if (!from_alt && p.a_short_rows != 0 && tile.m == sched.grid.tiles_m() - 1) {
           load_short_a<Cfg>(p, pipeline, write_state, load_inputs, tile, unit.k_begin, unit.k_count,
                             shared.tensors);
@@ -1006,8 +1058,17 @@ void launch_grouped_gemm_config(const GroupedGemmArgs& args, const Hooks& hooks,
   const auto problem = make_shape(static_cast<int>(args.max_rows), static_cast<int>(args.n),
                                   static_cast<int>(args.k), args.groups);
   p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
-  encode_operand_map<ElementIn>(&p.a_rows_map, args.a, args.max_rows, args.k, lda, kTileK, kTileM,
-                                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A's rows");
+  if (args.a_row_index != nullptr) {
+    encode_operand_map<ElementIn>(&p.a_gather_map, args.a, args.a_rows, args.k, lda, kTileK, 1,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A's gathered rows");
+    p.a_rows_map = p.a_gather_map;  // not read
+    p.a_row_index = args.a_row_index;
+    p.a_row_div = args.a_row_div;
+  } else {
+    encode_operand_map<ElementIn>(&p.a_rows_map, args.a, args.max_rows, args.k, lda, kTileK,
+                                  kTileM, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A's rows");
+    p.a_gather_map = p.a_rows_map;  // not read
+  }
   p.groups = DynamicTileGrid{DynamicRowPartition{args.groups, args.offsets}, args.n, kTileM, tile_n,
                              args.first_tiles};
   p.m = static_cast<int>(args.max_rows);
