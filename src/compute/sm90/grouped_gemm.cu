@@ -14,7 +14,7 @@ namespace {
 bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // One thread: the table, or -1 at first[groups] where the offsets break their contract.
-__global__ void first_tiles_kernel(DynamicTileGrid grid, int* first) {
+__global__ void first_tile_rows_kernel(DynamicTileGrid grid, int* first) {
   if (fill_first_tiles(grid, first) < 0) first[grid.num_groups()] = -1;
 }
 
@@ -28,9 +28,9 @@ int grouped_gemm_tile_n(const GroupedGemmArgs& args) {
   return args.tile_n != 0 ? args.tile_n : grouped_gemm_pick_tile_n(args.n);
 }
 
-DynamicTileGrid grouped_gemm_grid(const GroupedGemmArgs& args) {
-  return DynamicTileGrid::make(DynamicRowPartition::make(args.groups, args.offsets), args.n,
-                               kTileM, grouped_gemm_tile_n(args), args.first_tiles);
+DynamicTileGrid grouped_gemm_row_grid(const GroupedGemmArgs& args) {
+  return DynamicTileGrid::make(DynamicRowPartition::make(args.groups, args.offsets), 1, kTileM, 1,
+                               args.first_tile_rows);
 }
 
 int64_t grouped_gemm_max_tiles(const GroupedGemmArgs& args) {
@@ -38,9 +38,9 @@ int64_t grouped_gemm_max_tiles(const GroupedGemmArgs& args) {
                                         grouped_gemm_tile_n(args));
 }
 
-void grouped_gemm_first_tiles_async(const GroupedGemmArgs& args, cudaStream_t stream) {
-  const DynamicTileGrid grid = grouped_gemm_grid(args);
-  first_tiles_kernel<<<1, 1, 0, stream>>>(grid, const_cast<int*>(args.first_tiles));
+void grouped_gemm_first_tile_rows_async(const GroupedGemmArgs& args, cudaStream_t stream) {
+  const DynamicTileGrid grid = grouped_gemm_row_grid(args);
+  first_tile_rows_kernel<<<1, 1, 0, stream>>>(grid, const_cast<int*>(args.first_tile_rows));
   TL_SM90_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -51,9 +51,9 @@ void grouped_gemm_check(const GroupedGemmArgs& a) {
                               << dtype_name(a.in_type) << " -> " << dtype_name(a.out_type));
   TL_REQUIRE(a.a != nullptr && a.b != nullptr && a.c != nullptr,
              "sm90 grouped gemm: null pointer (a=" << a.a << ", b=" << a.b << ", c=" << a.c << ")");
-  TL_REQUIRE(a.offsets != nullptr && a.first_tiles != nullptr,
-             "sm90 grouped gemm: the offsets and first-tile tables must be set (offsets="
-                 << a.offsets << ", first_tiles=" << a.first_tiles << ")");
+  TL_REQUIRE(a.offsets != nullptr && a.first_tile_rows != nullptr,
+             "sm90 grouped gemm: the offsets and first-tile-row tables must be set (offsets="
+                 << a.offsets << ", first_tile_rows=" << a.first_tile_rows << ")");
   TL_REQUIRE(a.groups >= 1 && a.groups <= kGroupedMaxGroups,
              "sm90 grouped gemm: groups must be in [1, " << kGroupedMaxGroups << "], got "
                                                          << a.groups);
@@ -73,8 +73,8 @@ void grouped_gemm_check(const GroupedGemmArgs& a) {
   TL_REQUIRE(aligned(a.a, 16) && aligned(a.b, 16),
              "sm90 grouped gemm: A and B must be 16-byte aligned (TMA)");
   TL_REQUIRE(aligned(a.c, 4), "sm90 grouped gemm: C must be 4-byte aligned");
-  TL_REQUIRE(aligned(a.offsets, 8) && aligned(a.first_tiles, 4),
-             "sm90 grouped gemm: the offsets (int64) and first tiles (int) must be aligned");
+  TL_REQUIRE(aligned(a.offsets, 8) && aligned(a.first_tile_rows, 4),
+             "sm90 grouped gemm: the offsets (int64) and first tile rows (int) must be aligned");
   if (a.a_row_index != nullptr) {
     TL_REQUIRE(a.a_rows >= 1 && a.a_rows < (int64_t{1} << 31) && a.a_row_div >= 1,
                "sm90 grouped gemm: a gathered A needs a_rows in [1, 2^31) and a_row_div >= 1, got "
@@ -83,6 +83,9 @@ void grouped_gemm_check(const GroupedGemmArgs& a) {
     TL_REQUIRE(aligned(a.a_row_index, 8), "sm90 grouped gemm: a_row_index (int64) must be aligned");
   }
   (void)grouped_gemm_tile_n(a);  // checks tile_n
+  TL_REQUIRE(grouped_gemm_max_tiles(a) < (int64_t{1} << 31),
+             "sm90 grouped gemm: " << grouped_gemm_max_tiles(a)
+                                   << " tiles possible, more than an int tile id holds");
   int dev = 0, sms = 0, major = 0, minor = 0;
   TL_SM90_CUDA_CHECK(cudaGetDevice(&dev));
   TL_SM90_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -8,11 +8,15 @@
 // earlier kernel (the MoE routing kernel, ops/moe_route_cuda.hpp), so a call never synchronizes with
 // the host and a captured CUDA graph follows new sizes on every replay.
 //
-// The engine's tile walk runs over the groups' tiles: a DynamicTileGrid (core/dynamic_tile_grid.hpp)
-// of kTileM x tile_n tiles over the same offsets, whose first-tile table (groups + 1 entries) is
-// written beside the offsets (the routing kernel does it; grouped_gemm_first_tiles_async does it
-// from any offsets table). Each persistent block takes every num_blocks-th tile id; an id maps to
-// its group by a binary search of the table (copied into shared memory when a block starts), and
+// The engine's tile walk runs over the groups' tiles: kTileM x tile_n tiles over the same offsets,
+// numbered group by group. Their table is the groups' first tile rows (groups + 1 entries: a
+// DynamicTileGrid of one column over the offsets, grouped_gemm_row_grid, whose first-tile table
+// does not depend on N or the tile width, so one table serves both GEMMs of an MoE layer); the
+// routing kernel writes it beside the offsets, grouped_gemm_first_tile_rows_async from any offsets
+// table. Group g's tiles are ids [first_tile_rows[g] * tiles_n, first_tile_rows[g + 1] * tiles_n),
+// tile (m, n) of the group at (first_tile_rows[g] + m) * tiles_n + n. Each persistent block takes
+// every num_blocks-th id; an id maps to its group by a binary search of the table (copied into
+// shared memory when a block starts), and
 // inside a group the tiles go down bands of kGroupedBand tile rows, column after column, so a band's
 // rows of A stay in L2 while each column of B_g streams once per band. A tile's loads read a whole
 // 128-row box of A from the group's row (rows past the group are read and multiplied but never
@@ -31,8 +35,8 @@
 //
 //   GroupedGemmArgs g;
 //   g.a = x_sorted; g.b = w1; g.c = h; g.max_rows = tokens * topk; g.n = ffn; g.k = hidden;
-//   g.groups = experts; g.offsets = route.offsets; g.first_tiles = route.first_tiles;
-//   grouped_gemm(g, stream);  // route.grid = grouped_gemm_grid(g) when the routing ran
+//   g.groups = experts; g.offsets = route.offsets; g.first_tile_rows = route.first_tiles;
+//   grouped_gemm(g, stream);  // route.grid = grouped_gemm_row_grid(g) when the routing ran
 #pragma once
 
 #include <cstdint>
@@ -58,7 +62,7 @@ struct GroupedGemmArgs {
   int64_t lda = 0, ldb = 0, ldc = 0;  // 0: packed (k, k, n)
   int groups = 0;
   const int64_t* offsets = nullptr;  // device, [groups + 1]: offsets[0] = 0, non-decreasing
-  const int* first_tiles = nullptr;  // device, [groups + 1]: grouped_gemm_grid(args)'s first tiles
+  const int* first_tile_rows = nullptr;  // device, [groups + 1]: the groups' first tile rows
   // Gathered A (see above): device [max_rows] (rows past offsets[groups] are never read), A's
   // rows, the divisor. nullptr: A is [max_rows, k], grouped row i is A's row i.
   const int64_t* a_row_index = nullptr;
@@ -79,17 +83,18 @@ TL_HD inline int grouped_gemm_pick_tile_n(int64_t n) {
 }
 int grouped_gemm_tile_n(const GroupedGemmArgs& args);
 
-// The grouped grid over args.offsets and args.first_tiles at the launch's tile width: what the
-// routing kernel fills (MoeRouteTables::grid) and what the hooks' tiles are.
-DynamicTileGrid grouped_gemm_grid(const GroupedGemmArgs& args);
+// The grid of tile rows over args.offsets (one column; first-tile table args.first_tile_rows):
+// what the routing kernel fills (MoeRouteTables::grid).
+DynamicTileGrid grouped_gemm_row_grid(const GroupedGemmArgs& args);
 
-// At most how many tiles any table gives (the size of per-tile signal arrays).
+// At most how many tiles any table gives (the size of per-tile signal arrays; below 2^31, checked).
 int64_t grouped_gemm_max_tiles(const GroupedGemmArgs& args);
 
-// Fills args.first_tiles from args.offsets on `stream` (one small kernel; no host sync), for
+// Fills args.first_tile_rows from args.offsets on `stream` (one small kernel; no host sync), for
 // offsets that did not come from the routing kernel. A bad table (offsets[0] != 0, decreasing, or
-// more tiles than an int) writes -1 at first_tiles[groups], and a launch on it computes nothing.
-void grouped_gemm_first_tiles_async(const GroupedGemmArgs& args, cudaStream_t stream);
+// more tile rows than an int) writes -1 at first_tile_rows[groups], and a launch on it computes
+// nothing.
+void grouped_gemm_first_tile_rows_async(const GroupedGemmArgs& args, cudaStream_t stream);
 
 // Checks every argument and throws tilelink::Error before anything is launched: null pointers,
 // groups out of [1, kGroupedMaxGroups], N or K not a multiple of 8, bad strides or alignment, a

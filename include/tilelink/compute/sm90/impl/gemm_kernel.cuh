@@ -169,8 +169,8 @@ struct SharedStorage {
   alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
 };
 
-// The grouped mode's shared memory: the first-tile table of its DynamicTileGrid, copied in when a
-// block starts (the walk's binary searches then read shared memory, not L2).
+// The grouped mode's shared memory: the groups' first tile ids (first tile rows x tiles_n), made
+// when a block starts (the walk's binary searches then read shared memory, not L2).
 template <class Cfg>
 struct GroupedSharedStorage : SharedStorage<Cfg> {
   int group_first[kGroupedMaxGroups + 1];
@@ -205,7 +205,7 @@ template <>
 struct GroupedRows<true> {
   CUtensorMap a_rows_map;
   CUtensorMap a_gather_map;  // gathered A: A's rows, boxes of one row
-  DynamicTileGrid groups;
+  DynamicTileGrid groups;    // its `first`: the groups' first tile rows (grouped_gemm.hpp)
   const int64_t* a_row_index = nullptr;  // gathered A: grouped row -> index (A's row: / a_row_div)
   int a_row_div = 1;
 };
@@ -302,9 +302,9 @@ struct TileScheduler {
   }
 };
 
-// The grouped mode's scheduler (grouped_gemm.hpp): the same interface over the tiles of the groups'
-// DynamicTileGrid, ids 0 .. first[groups] - 1 (first: the block's shared-memory copy of the table;
-// a bad table's -1 there gives no units). Inside a group, bands of kGroupedBand tile rows, column
+// The grouped mode's scheduler (grouped_gemm.hpp): the same interface over the groups' tiles, ids
+// 0 .. first[groups] - 1 (first: the block's shared-memory table of first tile ids; a bad table's
+// negative entry there gives no units). Inside a group, bands of kGroupedBand tile rows, column
 // after column.
 template <class P>
 struct GroupedTileScheduler {
@@ -635,7 +635,10 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   const auto sched = [&] {
     if constexpr (kGrouped) {
       const int groups = p.groups.num_groups();
-      for (int i = threadIdx.x; i <= groups; i += blockDim.x) shared.group_first[i] = p.groups.first[i];
+      const int tiles_n = p.groups.tiles_n();
+      for (int i = threadIdx.x; i <= groups; i += blockDim.x) {
+        shared.group_first[i] = p.groups.first[i] * tiles_n;  // -1 (a bad table): no tiles
+      }
       __syncthreads();
       return GroupedTileScheduler<Params>::make(p, shared.group_first);
     } else {
@@ -1070,7 +1073,7 @@ void launch_grouped_gemm_config(const GroupedGemmArgs& args, const Hooks& hooks,
     p.a_gather_map = p.a_rows_map;  // not read
   }
   p.groups = DynamicTileGrid{DynamicRowPartition{args.groups, args.offsets}, args.n, kTileM, tile_n,
-                             args.first_tiles};
+                             args.first_tile_rows};
   p.m = static_cast<int>(args.max_rows);
   p.n = static_cast<int>(args.n);
   p.k = static_cast<int>(args.k);
