@@ -1,0 +1,105 @@
+// MoE layers on one GPU: the routing kernel (ops/moe_route_cuda.hpp), the engine's grouped mode
+// (compute/sm90/grouped_gemm.hpp) and the kernels between them, in the tables' fixed order
+// (ops/moe_routing.hpp), so every path gives the same bits.
+//
+//   layer 0   out [rows, n] = X[token of row] · W1_eᵀ per expert (rows = tokens * topk, grouped)
+//   layer 1   out [tokens, H] = Σ_slots weight · (H1 · W2_eᵀ)[row of the pair]: the grouped GEMM
+//             into Y [rows, H], then the top-k reduce (a token's slots in order, fp32, one rounding)
+//   mlp       layer 0 with W1 = [gate; up] ([experts, 2 F, H]), act = SiLU(gate) · up (fp32, one
+//             rounding), layer 1 on act
+//
+// Paths:
+//   kFused    layer 0 gathers X's rows in the grouped GEMM's load path (no gathered copy of X)
+//   kUnfused  a gather kernel writes X in grouped order, then the grouped GEMM reads it (the
+//             pipeline of the unfused baseline)
+// Layer 1 is the same two kernels in both (on one GPU there is no ReduceScatter to overlap).
+//
+//   cuda::MoeLayer moe(tokens, hidden, ffn, experts, topk, DType::kBF16);
+//   moe.route(topk_ids, stream);                       // no host sync: graph-capturable
+//   moe.mlp(x, w1, w2, topk_weights, out, MoePath::kFused, stream);
+//
+// Tokens with an id outside [0, experts) are not routed (the routing kernel's status says so):
+// their rows are never computed and the reduce skips their slots.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tilelink/core/dtype.hpp"
+
+namespace tilelink::cuda {
+
+enum class MoePath : uint8_t { kFused, kUnfused };
+const char* moe_path_name(MoePath path);
+
+class MoeLayer {
+ public:
+  // tokens M, hidden H, ffn F (this GPU's shard of each expert's F), experts, topk, bf16 or fp16.
+  // Checks them (tilelink::Error) and allocates the tables and the intermediate buffers.
+  MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk, DType dtype);
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // This call's routing: topk_ids [tokens, topk] (int32, device). The layers that follow on the
+  // same stream use its tables.
+  void route(const int32_t* topk_ids, cudaStream_t stream);
+
+  // x [tokens, H]; w1 [experts, n, H]; out [rows, n] (rows past the routed ones untouched).
+  void layer0(const void* x, const void* w1, int64_t n, void* out, MoePath path, cudaStream_t stream);
+  // h1 [rows, F]; w2 [experts, H, F]; weights [tokens, topk] fp32; out [tokens, H].
+  void layer1(const void* h1, const void* w2, const float* weights, void* out, cudaStream_t stream);
+  // x [tokens, H]; w1 [experts, 2F, H] (gate rows, then up rows); w2 [experts, H, F]; out [tokens, H].
+  void mlp(const void* x, const void* w1, const void* w2, const float* weights, void* out,
+           MoePath path, cudaStream_t stream);
+
+  // The kernels between the GEMMs, for baselines built from other GEMMs: the gather of X into
+  // grouped order (xs [rows, H]), the gated activation (h [rows, 2F] -> act [rows, F]) and the
+  // top-k reduce (y [rows, H] -> out [tokens, H]).
+  void gather(const void* x, void* xs, cudaStream_t stream) const;
+  void activate(const void* h, void* act, cudaStream_t stream) const;
+  void topk_reduce(const void* y, const float* weights, void* out, cudaStream_t stream) const;
+
+  int64_t tokens() const { return tokens_; }
+  int64_t rows() const { return tokens_ * topk_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t ffn() const { return ffn_; }
+  int experts() const { return experts_; }
+  int topk() const { return topk_; }
+  DType dtype() const { return dtype_; }
+  // The routing's tables (device): offsets [experts + 1], pair_of_row and row_of_pair [rows],
+  // status (0, or 1 + the first bad pair), first_tile_rows [experts + 1].
+  const int64_t* offsets() const { return offsets_; }
+  const int64_t* pair_of_row() const { return pair_of_row_; }
+  const int64_t* row_of_pair() const { return row_of_pair_; }
+  const int64_t* status() const { return status_; }
+  const int* first_tile_rows() const { return first_tile_rows_; }
+  // The intermediate buffers: the gathered X (unfused layer 0), layer 0's output in mlp, the
+  // activations, Y.
+  void* xs() const { return xs_; }
+  void* h() const { return h_; }
+  void* act() const { return act_; }
+  void* y() const { return y_; }
+
+ private:
+  void grouped(const void* a, const int64_t* a_rows, const void* b, void* c, int64_t n, int64_t k,
+               cudaStream_t stream) const;
+
+  int64_t tokens_ = 0, hidden_ = 0, ffn_ = 0;
+  int experts_ = 0, topk_ = 0;
+  DType dtype_ = DType::kBF16;
+  int64_t* counts_ = nullptr;
+  int64_t* offsets_ = nullptr;
+  int64_t* pair_of_row_ = nullptr;
+  int64_t* row_of_pair_ = nullptr;
+  int64_t* status_ = nullptr;
+  int* first_tile_rows_ = nullptr;
+  void* scratch_ = nullptr;
+  void* xs_ = nullptr;
+  void* h_ = nullptr;
+  void* act_ = nullptr;
+  void* y_ = nullptr;
+};
+
+}  // namespace tilelink::cuda

@@ -1,0 +1,285 @@
+// MoE layers on one GPU (ops/moe_cuda.hpp): the tables, the grouped GEMMs and the kernels between
+// them. The kernels move 16-byte chunks (8 elements; H and F are multiples of 8) and read the
+// routed row count from offsets[experts] on the device, so no call synchronizes with the host.
+#include "tilelink/ops/moe_cuda.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/compute/sm90/grouped_gemm.hpp"
+#include "tilelink/core/dynamic_tile_grid.hpp"
+#include "tilelink/core/error.hpp"
+#include "tilelink/ops/moe_route_cuda.hpp"
+
+namespace tilelink::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  TL_CUDA_CHECK(cudaGetDevice(&dev));
+  TL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+int grid_for(int64_t items) {
+  const int64_t most = int64_t{sm_count()} * kBlocksPerSm;
+  return static_cast<int>(items < 1 ? 1 : (items < most ? items : most));
+}
+
+// 8 elements of a 16-byte chunk <-> float
+template <class T>
+struct Chunk8;
+template <>
+struct Chunk8<__nv_bfloat16> {
+  static __device__ __forceinline__ void load(const uint4& v, float* f) {
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+  static __device__ __forceinline__ uint4 store(const float* f) {
+    uint4 v;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+  }
+};
+template <>
+struct Chunk8<__half> {
+  static __device__ __forceinline__ void load(const uint4& v, float* f) {
+    const auto* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __half22float2(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  }
+  static __device__ __forceinline__ uint4 store(const float* f) {
+    uint4 v;
+    auto* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    return v;
+  }
+};
+
+// xs[i] = x[pair_of_row[i] / topk] for the routed rows; a block a row at a time.
+__global__ void gather_rows_kernel(const uint4* __restrict__ x, int64_t chunks,
+                                   const int64_t* __restrict__ pair_of_row, int topk,
+                                   const int64_t* __restrict__ offsets, int experts,
+                                   uint4* __restrict__ xs) {
+  const int64_t total = offsets[experts];
+  for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+    const int64_t token = pair_of_row[i] / topk;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) xs[i * chunks + c] = x[token * chunks + c];
+  }
+}
+
+// act[i, j] = SiLU(h[i, j]) * h[i, f + j] in fp32, one rounding; h [rows, 2f], act [rows, f].
+template <class T>
+__global__ void silu_mul_kernel(const uint4* __restrict__ h, int64_t chunks,
+                                const int64_t* __restrict__ offsets, int experts,
+                                uint4* __restrict__ act) {
+  const int64_t total = offsets[experts];
+  for (int64_t i = blockIdx.x; i < total; i += gridDim.x) {
+    const uint4* gate = h + i * 2 * chunks;
+    const uint4* up = gate + chunks;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float g[8], u[8], a[8];
+      Chunk8<T>::load(gate[c], g);
+      Chunk8<T>::load(up[c], u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a[e] = g[e] / (1.0f + __expf(-g[e])) * u[e];
+      act[i * chunks + c] = Chunk8<T>::store(a);
+    }
+  }
+}
+
+// out[t] = sum over slots s in order of weights[t, s] * y[row_of_pair[t, s]] (fp32, one rounding);
+// unrouted pairs (row -1) add nothing. A block a token at a time.
+template <class T>
+__global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
+                                   const int64_t* __restrict__ row_of_pair,
+                                   const float* __restrict__ weights, int topk, int64_t tokens,
+                                   uint4* __restrict__ out) {
+  constexpr int kMaxTopk = 32;
+  __shared__ int64_t rows[kMaxTopk];
+  __shared__ float w[kMaxTopk];
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    if (threadIdx.x < topk) {
+      rows[threadIdx.x] = row_of_pair[t * topk + threadIdx.x];
+      w[threadIdx.x] = weights[t * topk + threadIdx.x];
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int s = 0; s < topk; ++s) {
+        if (rows[s] < 0) continue;
+        float v[8];
+        Chunk8<T>::load(y[rows[s] * chunks + c], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += w[s] * v[e];
+      }
+      out[t * chunks + c] = Chunk8<T>::store(acc);
+    }
+    __syncthreads();  // rows and w are rewritten for the next token
+  }
+}
+
+template <class F>
+void by_dtype(DType dtype, F&& f) {
+  if (dtype == DType::kBF16) return f(__nv_bfloat16{});
+  return f(__half{});
+}
+
+template <class T>
+void* alloc(int64_t count) {
+  void* p = nullptr;
+  TL_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(count < 1 ? 1 : count) * sizeof(T)));
+  return p;
+}
+
+}  // namespace
+
+const char* moe_path_name(MoePath path) { return path == MoePath::kFused ? "fused" : "unfused"; }
+
+MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk, DType dtype)
+    : tokens_(tokens), hidden_(hidden), ffn_(ffn), experts_(experts), topk_(topk), dtype_(dtype) {
+  TL_REQUIRE(dtype == DType::kBF16 || dtype == DType::kF16,
+             "moe (cuda): bf16 or fp16, got " << dtype_name(dtype));
+  TL_REQUIRE(tokens >= 1, "moe (cuda): tokens must be >= 1, got " << tokens);
+  TL_REQUIRE(hidden >= 8 && hidden % 8 == 0 && ffn >= 8 && ffn % 8 == 0,
+             "moe (cuda): hidden and ffn must be positive multiples of 8, got " << hidden << " and "
+                                                                               << ffn);
+  TL_REQUIRE(experts >= 1 && experts <= compute::sm90::kGroupedMaxGroups && experts <= kMoeRouteMaxExperts,
+             "moe (cuda): experts must be in [1, " << compute::sm90::kGroupedMaxGroups << "], got "
+                                                   << experts);
+  TL_REQUIRE(topk >= 1 && topk <= experts && topk <= 32,
+             "moe (cuda): topk must be in [1, min(experts, 32)], got " << topk);
+  TL_REQUIRE(tokens * topk < (int64_t{1} << 31),
+             "moe (cuda): tokens * topk must be below 2^31, got " << tokens * topk);
+  const int64_t rows = tokens * topk, esize = dtype_size(dtype);
+  counts_ = static_cast<int64_t*>(alloc<int64_t>(experts));
+  offsets_ = static_cast<int64_t*>(alloc<int64_t>(experts + 1));
+  pair_of_row_ = static_cast<int64_t*>(alloc<int64_t>(rows));
+  row_of_pair_ = static_cast<int64_t*>(alloc<int64_t>(rows));
+  status_ = static_cast<int64_t*>(alloc<int64_t>(1));
+  first_tile_rows_ = static_cast<int*>(alloc<int>(experts + 1));
+  TL_CUDA_CHECK(cudaMalloc(&scratch_, moe_route_scratch_bytes(tokens, topk, experts)));
+  TL_CUDA_CHECK(cudaMalloc(&xs_, rows * hidden * esize));
+  TL_CUDA_CHECK(cudaMalloc(&h_, rows * 2 * ffn * esize));
+  TL_CUDA_CHECK(cudaMalloc(&act_, rows * ffn * esize));
+  TL_CUDA_CHECK(cudaMalloc(&y_, rows * hidden * esize));
+  // no routing yet: empty tables, so a layer before route() computes nothing
+  TL_CUDA_CHECK(cudaMemset(offsets_, 0, (experts + 1) * sizeof(int64_t)));
+  TL_CUDA_CHECK(cudaMemset(first_tile_rows_, 0, (experts + 1) * sizeof(int)));
+  TL_CUDA_CHECK(cudaMemset(row_of_pair_, 0xff, rows * sizeof(int64_t)));  // -1: unrouted
+}
+
+MoeLayer::~MoeLayer() {
+  // NOTE: not checked: a destructor must not throw, and a sticky error has been reported already.
+  for (void* p : {static_cast<void*>(counts_), static_cast<void*>(offsets_),
+                  static_cast<void*>(pair_of_row_), static_cast<void*>(row_of_pair_),
+                  static_cast<void*>(status_), static_cast<void*>(first_tile_rows_), scratch_, xs_,
+                  h_, act_, y_}) {
+    if (p != nullptr) (void)cudaFree(p);
+  }
+}
+
+void MoeLayer::route(const int32_t* topk_ids, cudaStream_t stream) {
+  TL_REQUIRE(topk_ids != nullptr, "moe (cuda): topk_ids is null");
+  MoeRouteTables t;
+  t.counts = counts_;
+  t.offsets = offsets_;
+  t.pair_of_row = pair_of_row_;
+  t.row_of_pair = row_of_pair_;
+  t.status = status_;
+  t.scratch = scratch_;
+  t.grid = DynamicTileGrid::make(DynamicRowPartition::make(experts_, offsets_), 1,
+                                 compute::sm90::kTileM, 1, first_tile_rows_);
+  t.first_tiles = first_tile_rows_;
+  moe_route_async(topk_ids, tokens_, topk_, experts_, t, stream);
+}
+
+void MoeLayer::grouped(const void* a, const int64_t* a_rows, const void* b, void* c, int64_t n,
+                       int64_t k, cudaStream_t stream) const {
+  compute::sm90::GroupedGemmArgs g;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.max_rows = rows();
+  g.n = n;
+  g.k = k;
+  g.groups = experts_;
+  g.offsets = offsets_;
+  g.first_tile_rows = first_tile_rows_;
+  g.in_type = g.out_type = dtype_;
+  if (a_rows != nullptr) {
+    g.a_row_index = a_rows;
+    g.a_rows = tokens_;
+    g.a_row_div = topk_;
+  }
+  compute::sm90::grouped_gemm(g, stream);
+}
+
+void MoeLayer::gather(const void* x, void* xs, cudaStream_t stream) const {
+  TL_REQUIRE(x != nullptr && xs != nullptr, "moe (cuda): gather: null pointer");
+  gather_rows_kernel<<<grid_for(rows()), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(x), hidden_ / 8, pair_of_row_, topk_, offsets_, experts_,
+      static_cast<uint4*>(xs));
+  TL_CUDA_CHECK(cudaGetLastError());
+}
+
+void MoeLayer::activate(const void* h, void* act, cudaStream_t stream) const {
+  TL_REQUIRE(h != nullptr && act != nullptr, "moe (cuda): activate: null pointer");
+  by_dtype(dtype_, [&](auto t) {
+    silu_mul_kernel<decltype(t)><<<grid_for(rows()), kThreads, 0, stream>>>(
+        static_cast<const uint4*>(h), ffn_ / 8, offsets_, experts_, static_cast<uint4*>(act));
+  });
+  TL_CUDA_CHECK(cudaGetLastError());
+}
+
+void MoeLayer::topk_reduce(const void* y, const float* weights, void* out, cudaStream_t stream) const {
+  TL_REQUIRE(y != nullptr && weights != nullptr && out != nullptr,
+             "moe (cuda): topk_reduce: null pointer");
+  by_dtype(dtype_, [&](auto t) {
+    topk_reduce_kernel<decltype(t)><<<grid_for(tokens_), kThreads, 0, stream>>>(
+        static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_,
+        static_cast<uint4*>(out));
+  });
+  TL_CUDA_CHECK(cudaGetLastError());
+}
+
+void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePath path,
+                      cudaStream_t stream) {
+  TL_REQUIRE(x != nullptr && w1 != nullptr && out != nullptr, "moe (cuda): layer 0: null pointer");
+  TL_REQUIRE(n >= 8 && n % 8 == 0, "moe (cuda): layer 0: n must be a positive multiple of 8, got " << n);
+  if (path == MoePath::kFused) return grouped(x, pair_of_row_, w1, out, n, hidden_, stream);
+  gather(x, xs_, stream);
+  grouped(xs_, nullptr, w1, out, n, hidden_, stream);
+}
+
+void MoeLayer::layer1(const void* h1, const void* w2, const float* weights, void* out,
+                      cudaStream_t stream) {
+  TL_REQUIRE(h1 != nullptr && w2 != nullptr && weights != nullptr && out != nullptr,
+             "moe (cuda): layer 1: null pointer");
+  grouped(h1, nullptr, w2, y_, hidden_, ffn_, stream);
+  topk_reduce(y_, weights, out, stream);
+}
+
+void MoeLayer::mlp(const void* x, const void* w1, const void* w2, const float* weights, void* out,
+                   MoePath path, cudaStream_t stream) {
+  layer0(x, w1, 2 * ffn_, h_, path, stream);
+  activate(h_, act_, stream);
+  layer1(act_, w2, weights, out, stream);
+}
+
+}  // namespace tilelink::cuda
