@@ -1,10 +1,19 @@
 // MoE routing on the device: the tables of ops/moe_routing.hpp (counts, offsets, pair_of_row,
 // row_of_pair, in the same fixed order: by expert, then by pair), and optionally the first-tile table
-// of the grouped GEMM's DynamicTileGrid over those offsets, computed by one kernel from topk_ids in
-// device memory. No host synchronisation: it enqueues on `stream`, so a MoE op calls it inside a
-// captured CUDA graph and the routing may change between replays.
+// of the grouped GEMM's DynamicTileGrid over those offsets, computed from topk_ids in device memory by
+// three kernels in stream order:
 //
-//   cuda::MoeRouteTables t{counts, offsets, pair_of_row, row_of_pair, status};
+//   count  up to kMoeRouteBlocks blocks, each owning a contiguous chunk of the pairs, count their
+//          chunk's pairs per expert into a [blocks][experts] scratch table
+//   scan   one block: the counts, the offsets, where each block's rows of each expert start, the
+//          status and the first-tile table
+//   place  the same blocks walk their chunks again and write pair_of_row and row_of_pair
+//
+// No host synchronisation: it enqueues on `stream`, so a MoE op calls it inside a captured CUDA graph
+// and the routing may change between replays.
+//
+//   void* scratch;  // cudaMalloc'd once: moe_route_scratch_bytes(max_tokens, topk, experts)
+//   cuda::MoeRouteTables t{counts, offsets, pair_of_row, row_of_pair, status, scratch};
 //   cuda::moe_route_async(topk_ids, tokens, topk, experts, t, stream);
 //   // later kernels in `stream` read the tables; the host reads *status after its own sync
 //
@@ -15,15 +24,19 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "tilelink/core/dynamic_tile_grid.hpp"
 
 namespace tilelink::cuda {
 
-// Experts one launch routes (a [32 warps][experts] table of int in shared memory: 128 KiB at this
-// bound).
+// Experts one call routes (the count and place kernels hold a [16 warps][experts] table of int in
+// shared memory: 64 KiB at this bound).
 inline constexpr int kMoeRouteMaxExperts = 1024;
+// Blocks of the count and place kernels at most; fewer when the pairs are few (each block takes at
+// least ~1024 pairs, and there is always one).
+inline constexpr int kMoeRouteBlocks = 64;
 
 struct MoeRouteTables {
   int64_t* counts = nullptr;       // [experts]
@@ -31,6 +44,11 @@ struct MoeRouteTables {
   int64_t* pair_of_row = nullptr;  // [tokens * topk]
   int64_t* row_of_pair = nullptr;  // [tokens * topk]
   int64_t* status = nullptr;       // 0, or 1 + the first pair whose id is out of range
+  // Device memory of at least moe_route_scratch_bytes(tokens, topk, experts) bytes, 4-byte aligned:
+  // the kernels' own tables. It needs no initialisation and carries nothing from one call to the
+  // next (each call writes every entry before reading it); calls that may run at once (two streams)
+  // need their own.
+  void* scratch = nullptr;
   // Optional: the grouped GEMM's tile grid over `offsets` (its rows view must be over the same
   // table) and its first-tile table [experts + 1], filled after the offsets. first_tiles[experts]
   // is then the grid's tile count; -1 there when the table would overflow an int.
@@ -38,9 +56,14 @@ struct MoeRouteTables {
   int* first_tiles = nullptr;
 };
 
+// Bytes of MoeRouteTables::scratch for a call of tokens x topk pairs over `experts` experts; enough
+// for every call with at most as many pairs and experts. Throws tilelink::Error on tokens < 0,
+// topk < 1 or experts < 1.
+size_t moe_route_scratch_bytes(int64_t tokens, int topk, int experts);
+
 // Checks the arguments on the host (tokens >= 0, 1 <= topk <= experts <= kMoeRouteMaxExperts,
-// tokens * topk below 2^31, every table non-null, a grid over the same offsets) and throws
-// tilelink::Error before anything is enqueued.
+// tokens * topk below 2^31, every table and the scratch non-null, a grid over the same offsets) and
+// throws tilelink::Error before anything is enqueued.
 void moe_route_async(const int32_t* topk_ids, int64_t tokens, int topk, int experts,
                      const MoeRouteTables& out, cudaStream_t stream);
 
