@@ -12,7 +12,11 @@ ranks, F_r = F / W. Two grouped GEMMs a layer:
   layer 1: rows x H x F_r       (the activations times W2, [E, H, F_r])
 bf16 in, bf16 out, fp32 accumulation. torch._grouped_mm takes A [rows, K], the weights [E, N, K]
 transposed to [E, K, N] and offs the int32 cumulative row ends. Times: median of `--reps` CUDA-event
-timed calls after 3 warm-up calls, each call's inputs already in place (L2 not flushed).
+timed calls after 3 warm-up calls, the L2 flushed (a 2x-L2 buffer zeroed) before each, as
+`tilelink bench grouped_gemm` does.
+--counts FILE: the group sizes of every case from `tilelink bench grouped_gemm --counts-out FILE`
+(lines "model tokens routing c0 c1 ..."), so both time the same groups; without it the routing is
+drawn here (the same patterns, other draws).
 Routings (as tilelink's MoeRoutingPattern): uniform (every expert alike) and skewed (expert e drawn
 with weight 1 / (1 + e)), top-k distinct experts a token.
 """
@@ -41,11 +45,15 @@ def draw_routing(tokens, topk, experts, pattern, gen):
     return torch.multinomial(w, topk, replacement=False, generator=gen)  # [tokens, topk], distinct
 
 
+FLUSH = None
+
+
 def time_ms(fn, reps):
     for _ in range(3):
         fn()
     times = []
     for _ in range(reps):
+        FLUSH.zero_()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -63,7 +71,18 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--counts", default="")
     args = ap.parse_args()
+    global FLUSH
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    FLUSH = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    given = {}
+    if args.counts:
+        with open(args.counts) as f:
+            for line in f:
+                w = line.split()
+                if len(w) > 3:
+                    given[(w[0], int(w[1]), w[2])] = [int(c) for c in w[3:]]
     gen = torch.Generator().manual_seed(args.seed)
     dev = torch.device("cuda")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, world {args.world} (F_r = F / W)")
@@ -75,8 +94,11 @@ def main():
         f_r = ffn // args.world
         for tokens in (int(t) for t in args.tokens.split(",")):
             for pattern in args.routing.split(","):
-                ids = draw_routing(tokens, topk, experts, pattern, gen)
-                counts = torch.bincount(ids.flatten(), minlength=experts)
+                if args.counts:
+                    counts = torch.tensor(given[(name, tokens, pattern)], dtype=torch.int64)
+                else:
+                    ids = draw_routing(tokens, topk, experts, pattern, gen)
+                    counts = torch.bincount(ids.flatten(), minlength=experts)
                 rows = int(counts.sum())
                 offs = torch.cumsum(counts, 0).to(torch.int32).to(dev)
                 bounds = [0] + torch.cumsum(counts, 0).tolist()

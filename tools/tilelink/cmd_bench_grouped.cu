@@ -173,6 +173,7 @@ int bench_grouped_gemm(Args& args) {
   const int num_sms = static_cast<int>(args.get_int_in("--num-sms", 0, 0, 1 << 20));
   const bool verify = !args.flag("--no-verify");
   const bool csv = args.flag("--csv");
+  const std::string counts_out = args.get("--counts-out", "");
   args.finish();
 
   // ---- the cases, checked before the device is touched ----
@@ -264,6 +265,13 @@ int bench_grouped_gemm(Args& args) {
         "eng/dns", "err_eng", "err_grp", "check");
   }
 
+  // --counts-out: every case's group sizes, one line a case ("model tokens routing c0 c1 ..."), so
+  // bench/torch_grouped_mm.py --counts times torch on the same groups.
+  FILE* counts_file = nullptr;
+  if (!counts_out.empty()) {
+    counts_file = std::fopen(counts_out.c_str(), "w");
+    TL_REQUIRE(counts_file != nullptr, "bench grouped_gemm: cannot write " << counts_out);
+  }
   std::vector<double> over_grouped, over_dense;
   bool all_ok = true;
   for (size_t mi = 0; mi < models.size(); ++mi) {
@@ -280,6 +288,12 @@ int bench_grouped_gemm(Args& args) {
         const std::vector<int32_t> ids = moe_draw_routing(gen, tokens, topk, experts, pattern);
         const MoeRouting route = moe_route(std::span<const int32_t>(ids), tokens, topk, experts);
         const int64_t rows = route.rows(), max_rows = rows + kSpareRows;
+        if (counts_file != nullptr) {
+          std::fprintf(counts_file, "%s %lld %s", model.name, (long long)tokens,
+                       moe_routing_name(pattern));
+          for (int e = 0; e < experts; ++e) std::fprintf(counts_file, " %lld", (long long)route.counts[e]);
+          std::fprintf(counts_file, "\n");
+        }
         int empty = 0;
         int64_t max_group = 0;
         for (int e = 0; e < experts; ++e) {
@@ -530,6 +544,7 @@ int bench_grouped_gemm(Args& args) {
   CK(cudaEventDestroy(ev[1]));
   TL_CUBLAS_CHECK(cublasDestroy(handle));
   CK(cudaStreamDestroy(stream));
+  if (counts_file != nullptr) std::fclose(counts_file);
   return all_ok ? 0 : 1;
 }
 
@@ -539,7 +554,8 @@ TILELINK_REGISTER_COMMAND(
     {"bench grouped_gemm",
      "[--models mixtral-8x7b,mixtral-8x22b,qwen1.5-moe,deepseek-moe,deepseek-v3,qwen3-30b-a3b] "
      "[--tokens 2048,8192] [--routing uniform,skewed] [--world W] [--reps R] [--warmup W] "
-     "[--seed S] [--dtype bf16|fp16] [--tile-n 0|256|128] [--num-sms S] [--no-verify] [--csv]",
+     "[--seed S] [--dtype bf16|fp16] [--tile-n 0|256|128] [--num-sms S] [--no-verify] [--csv] "
+     "[--counts-out FILE]",
      "sm90 grouped GEMM on MoE layers vs cuBLAS grouped, a per-expert cuBLAS loop and a dense "
      "GEMM of the same FLOPs; checked against the loop",
      &bench_grouped_gemm,
