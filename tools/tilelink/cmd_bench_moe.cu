@@ -1,0 +1,657 @@
+// tilelink bench moe_ag_gemm | moe_gemm_rs | moe_mlp: the MoE layers of cuda::MoeLayer
+// (ops/moe_cuda.hpp) on one GPU, on the layers of six models, each timed four ways on one stream:
+//   fused  moe.route + the op with MoePath::kFused (layer 0 gathers X's rows in the grouped
+//          GEMM's load path)
+//   (a)    moe.route + the op with MoePath::kUnfused: the best unfused pipeline (a gather kernel
+//          writes X in grouped order, then the grouped GEMM). Layer 1 has one path: for
+//          moe_gemm_rs at world 1, (a) runs the same kernels as fused, and fus/a is their A/A.
+//   (b)    a per-expert loop of cuBLAS GEMMs, what the largest published MoE speedups compare
+//          against: moe.route, the offsets copied to the host (cudaMemcpyAsync + stream sync,
+//          inside the timed region), moe.gather into moe.xs(), one cublasGemmEx per non-empty
+//          expert, then moe.activate, a second loop and moe.topk_reduce as the op needs
+//   dense  the ideal bound: one dense cublasGemmEx per GEMM of the op with the same FLOPs
+//          (rows x N x K against expert 0's weights), nothing else
+// The layers (H hidden, F ffn, E experts, top-k; rows = tokens * topk grouped rows):
+//   moe_ag_gemm   layer 0: out [rows, F] = X [tokens, H] gathered · W1_eᵀ, W1 [E, F, H]
+//   moe_gemm_rs   layer 1: out [tokens, H] = the top-k reduce of H1 [rows, F] · W2_eᵀ, W2 [E, H, F]
+//   moe_mlp       layer 0 with W1 [E, 2F, H] (gate; up), SiLU(gate) · up, layer 1
+// --world W would give each GPU F / W of every expert (rounded up to a multiple of 8); only world 1
+// runs on one GPU (virtual-rank MoE layers are not built yet).
+//
+// Inputs: hashed uniform values on the device (X and H1 in [-1, 1), weights in [-3, 3) / sqrt(K),
+// so every GEMM's outputs have a standard deviation near 1); topk_weights fp32, positive, each
+// token's summing to 1; the routing drawn by moe_draw_routing, seeded from --seed and the case.
+//
+// Timing: CUDA events around each call, L2 flushed (a 2x-L2 memset) before every call; every rep
+// runs each variant once in a fresh random order (as bench gemm: a launch runs slightly faster
+// right after one of the same kernel), median of --reps after --warmup. fus/a and fus/b are
+// speedups: the baseline's ms over fused's (> 1: fused is faster).
+//
+// Check (--check, the default; untimed, before timing): each path's output poisoned (0xFF bytes)
+// before its run; the device routing tables equal moe_route's; fused and (a) bit-identical (layer
+// 0: its rows [0, rows), and the 128 spare rows past them still poisoned, also after timing; the
+// others: the whole [tokens, H]); (b) within the op's tolerance of fused (relative Frobenius);
+// fused against float64 on 16 sampled grouped rows (layer 0) or tokens (moe_sampled_reference.hpp:
+// each expert's weights read back once and handed to compute/cpu_moe.hpp's references). Tolerances
+// as `tilelink run` uses for the layer ops (tools/tilelink/layer_moe.cpp). A failure prints a
+// "# FAIL" line, "FAIL" in the check column, and the command exits 1.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <numeric>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli.hpp"
+#include "moe_sampled_reference.hpp"
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/compute/cpu_gemm.hpp"
+#include "tilelink/core/error.hpp"
+#include "tilelink/ops/moe_cuda.hpp"
+#include "tilelink/ops/moe_routing.hpp"
+
+namespace tilelink::cli {
+namespace {
+
+using cuda::MoeLayer;
+using cuda::MoePath;
+
+void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    ::tilelink::detail::throw_error(
+        file, line, std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
+  }
+}
+#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
+#define CK(call) TL_CUDA_CHECK(call)
+
+const char* op_name(MoeBenchOp op) {
+  return op == MoeBenchOp::kAgGemm   ? "moe_ag_gemm"
+         : op == MoeBenchOp::kGemmRs ? "moe_gemm_rs"
+                                     : "moe_mlp";
+}
+
+// The relative error `tilelink run` accepts for the layer op in bf16 and fp16 (layer_moe.cpp).
+double tolerance(MoeBenchOp op) {
+  return op == MoeBenchOp::kAgGemm ? 1e-2 : op == MoeBenchOp::kGemmRs ? 2e-2 : 3e-2;
+}
+
+struct MoeModel {
+  const char* name;
+  int64_t hidden, ffn;
+  int experts, topk;
+};
+// The models of bench grouped_gemm and bench/torch_grouped_mm.py.
+constexpr MoeModel kModels[] = {
+    {"mixtral-8x7b", 4096, 14336, 8, 2}, {"mixtral-8x22b", 6144, 16384, 8, 2},
+    {"qwen1.5-moe", 2048, 1408, 60, 4},  {"deepseek-moe", 2048, 1408, 64, 6},
+    {"deepseek-v3", 7168, 2048, 256, 8}, {"qwen3-30b-a3b", 2048, 768, 128, 8},
+};
+
+// Spare rows of layer 0's outputs past the grouped rows (they must stay poisoned).
+constexpr int64_t kSpareRows = 128;
+// Each GPU's F of every expert at world W: F / W rounded up to a multiple of 8 (the kernels move
+// 8-element chunks).
+int64_t ffn_shard(int64_t ffn, int64_t world) { return ((ffn + world - 1) / world + 7) / 8 * 8; }
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Device memory of one case, freed when the case ends (also when it throws).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) CK(cudaMalloc(&p_, bytes));
+  }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) (void)cudaFree(p_);  // NOTE: unchecked: a destructor must not throw
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pinned host memory (the per-expert loop's copy of the offsets).
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes) { CK(cudaMallocHost(&p_, bytes < 1 ? 1 : bytes)); }
+  ~PinnedBuffer() { (void)cudaFreeHost(p_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+
+// p[i] uniform in [-scale, scale) from a hash of (seed, i) (splitmix64's finalizer): no state, the
+// same values for any launch shape.
+template <class T>
+__global__ void fill_uniform_kernel(T* p, int64_t count, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    store(p + i, scale * (static_cast<float>(x >> 40) * 0x1p-23f - 1.0f));
+  }
+}
+
+void fill_uniform(void* p, DType t, int64_t count, uint64_t seed, float scale, cudaStream_t s) {
+  if (t == DType::kBF16)
+    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), count, seed, scale);
+  else
+    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__half*>(p), count, seed, scale);
+  CK(cudaGetLastError());
+}
+
+// Row-major C [m, n] = A [m, k] · B [n, k]ᵀ in fp32 compute. NOTE: cuBLAS is column-major, so it
+// computes Cᵀ = B · Aᵀ with B read transposed (as bench gemm calls it).
+void gemm_rows(cublasHandle_t handle, const void* a, const void* b, void* c, int64_t m, int64_t n,
+               int64_t k, DType t) {
+  const float alpha = 1.f, beta = 0.f;
+  const cudaDataType_t ct = cuda_type(t);
+  TL_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
+                               ct, int(k), a, ct, int(k), &beta, c, ct, int(n), CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+}
+
+// ||out - want||_F / ||want||_F over `count` stored elements; +inf where out is not finite.
+double rel_error(const void* out, const void* want, DType t, int64_t count) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double o = load_as_float(out, t, i), w = load_as_float(want, t, i);
+    if (!std::isfinite(o)) return INFINITY;
+    num += (o - w) * (o - w);
+    den += w * w;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// The host copy of `bytes` bytes of device memory.
+std::vector<std::byte> read_back(const void* src, size_t bytes) {
+  std::vector<std::byte> h(bytes);
+  CK(cudaMemcpy(h.data(), src, bytes, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+// What one case needs of the device, beyond its buffers.
+struct BenchContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t handle = nullptr;
+  void* flush = nullptr;
+  size_t flush_bytes = 0;
+  cudaEvent_t ev[2] = {};
+};
+
+struct CaseOptions {
+  MoeBenchOp op;
+  DType dtype;
+  int64_t world;
+  uint64_t seed;
+  int reps, warmup;
+  bool check;
+};
+
+// One row of the table.
+struct CaseRow {
+  int64_t rows = 0;
+  double ms[4] = {};  // fused, (a), (b), dense
+  double flop = 0;    // of the op's GEMMs
+  double err_b = -1, err_f64 = -1;
+  std::string why;  // the failures, empty when every check passed
+};
+
+enum { kFused, kUnfused, kLoop, kDense, kVariants };
+
+CaseRow bench_case(const BenchContext& ctx, const CaseOptions& o, size_t model_index,
+                   const MoeModel& model, int64_t tokens, MoeRoutingPattern pattern) {
+  const MoeBenchOp op = o.op;
+  const DType dt = o.dtype;
+  const int experts = model.experts, topk = model.topk;
+  const int64_t hidden = model.hidden, ffn = ffn_shard(model.ffn, o.world);
+  const int64_t rows = tokens * topk;
+  const int64_t es = dtype_size(dt);
+  cudaStream_t stream = ctx.stream;
+  CaseRow row;
+  row.rows = rows;
+
+  // ---- the routing and the top-k weights, drawn on the host ----
+  std::seed_seq case_seed{static_cast<uint32_t>(o.seed),      static_cast<uint32_t>(o.seed >> 32),
+                          static_cast<uint32_t>(model_index), static_cast<uint32_t>(tokens),
+                          static_cast<uint32_t>(pattern),     static_cast<uint32_t>(op)};
+  std::mt19937_64 gen(case_seed);
+  const std::vector<int32_t> ids = moe_draw_routing(gen, tokens, topk, experts, pattern);
+  const MoeRouting route = moe_route(std::span<const int32_t>(ids), tokens, topk, experts);
+  std::vector<float> weights(rows);
+  std::uniform_real_distribution<float> unit(0.1f, 1.0f);
+  for (int64_t tk = 0; tk < tokens; ++tk) {
+    float* w = weights.data() + tk * topk;
+    for (int s = 0; s < topk; ++s) w[s] = unit(gen);
+    const float sum = std::accumulate(w, w + topk, 0.0f);
+    for (int s = 0; s < topk; ++s) w[s] /= sum;
+  }
+
+  // ---- the layer, its inputs and the outputs (freed when the case ends) ----
+  MoeLayer moe(tokens, hidden, ffn, experts, topk, dt);
+  const bool has_layer0 = op != MoeBenchOp::kGemmRs, has_layer1 = op != MoeBenchOp::kAgGemm;
+  const int64_t n0 = op == MoeBenchOp::kMlp ? 2 * ffn : ffn;  // layer 0's N
+  DeviceBuffer d_ids(rows * sizeof(int32_t)), d_weights(rows * sizeof(float));
+  DeviceBuffer x(has_layer0 ? tokens * hidden * es : 0);
+  DeviceBuffer w1(has_layer0 ? experts * n0 * hidden * es : 0);
+  DeviceBuffer h1(has_layer1 && !has_layer0 ? rows * ffn * es : 0);
+  DeviceBuffer w2(has_layer1 ? experts * hidden * ffn * es : 0);
+  const MoeSampleInputs in{.op = op,
+                           .dtype = dt,
+                           .tokens = tokens,
+                           .hidden = hidden,
+                           .ffn = ffn,
+                           .experts = experts,
+                           .topk = topk,
+                           .x = x.get(),
+                           .w1 = w1.get(),
+                           .h1 = h1.get(),
+                           .w2 = w2.get()};
+  const int64_t cols = in.out_cols();
+  CK(cudaMemcpyAsync(d_ids.get(), ids.data(), d_ids.bytes(), cudaMemcpyHostToDevice, stream));
+  CK(cudaMemcpyAsync(d_weights.get(), weights.data(), d_weights.bytes(), cudaMemcpyHostToDevice,
+                     stream));
+  const uint64_t fill_seed = o.seed ^ (0x9E3779B97F4A7C15ull * (model_index + 1)) ^
+                             (static_cast<uint64_t>(tokens) << 20) ^ static_cast<uint64_t>(pattern);
+  if (has_layer0) {
+    fill_uniform(x.get(), dt, tokens * hidden, fill_seed ^ 0x1, 1.0f, stream);
+    fill_uniform(w1.get(), dt, experts * n0 * hidden, fill_seed ^ 0x2,
+                 3.0f / std::sqrt(float(hidden)), stream);
+  }
+  if (has_layer1) {
+    if (h1.get() != nullptr) fill_uniform(h1.get(), dt, rows * ffn, fill_seed ^ 0x3, 1.0f, stream);
+    fill_uniform(w2.get(), dt, experts * hidden * ffn, fill_seed ^ 0x4,
+                 3.0f / std::sqrt(float(ffn)), stream);
+  }
+  // Outputs: layer 0 [rows + spare, F]; the others [tokens, H]. The dense bound's C holds the
+  // widest of its GEMMs.
+  const int64_t out_rows = op == MoeBenchOp::kAgGemm ? rows + kSpareRows : tokens;
+  const size_t out_bytes = out_rows * cols * es;
+  DeviceBuffer out_fused(out_bytes), out_unfused(out_bytes), out_loop(out_bytes);
+  DeviceBuffer dense(rows * std::max(has_layer0 ? n0 : 0, has_layer1 ? hidden : 0) * es);
+  PinnedBuffer offsets_host((experts + 1) * sizeof(int64_t));
+  const auto* ids_dev = static_cast<const int32_t*>(d_ids.get());
+  const auto* w_dev = static_cast<const float*>(d_weights.get());
+
+  // ---- the variants ----
+  auto run_op = [&](MoePath path, void* out) {
+    moe.route(ids_dev, stream);
+    if (op == MoeBenchOp::kAgGemm) moe.layer0(x.get(), w1.get(), ffn, out, path, stream);
+    if (op == MoeBenchOp::kGemmRs) moe.layer1(h1.get(), w2.get(), w_dev, out, stream);
+    if (op == MoeBenchOp::kMlp) moe.mlp(x.get(), w1.get(), w2.get(), w_dev, out, path, stream);
+  };
+  // One cublasGemmEx per non-empty expert over its grouped rows: C_e = A_e · B_eᵀ.
+  auto expert_loop = [&](const void* a, const void* b, void* c, int64_t n, int64_t k) {
+    const auto* off = static_cast<const int64_t*>(offsets_host.get());
+    for (int e = 0; e < experts; ++e) {
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      gemm_rows(ctx.handle, element_at(a, off[e] * k, dt), element_at(b, e * n * k, dt),
+                element_at(c, off[e] * n, dt), m, n, k, dt);
+    }
+  };
+  auto run_loop = [&] {
+    moe.route(ids_dev, stream);
+    CK(cudaMemcpyAsync(offsets_host.get(), moe.offsets(), (experts + 1) * sizeof(int64_t),
+                       cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));  // the loop's sizes come from the host
+    if (has_layer0) moe.gather(x.get(), moe.xs(), stream);
+    if (op == MoeBenchOp::kAgGemm) expert_loop(moe.xs(), w1.get(), out_loop.get(), ffn, hidden);
+    if (op == MoeBenchOp::kMlp) {
+      expert_loop(moe.xs(), w1.get(), moe.h(), n0, hidden);
+      moe.activate(moe.h(), moe.act(), stream);
+    }
+    if (has_layer1) {
+      expert_loop(op == MoeBenchOp::kMlp ? moe.act() : h1.get(), w2.get(), moe.y(), hidden, ffn);
+      moe.topk_reduce(moe.y(), w_dev, out_loop.get(), stream);
+    }
+  };
+  // NOTE: the dense GEMMs read moe.xs() and moe.act(), which the untimed call below fills first.
+  auto run_dense = [&] {
+    if (op == MoeBenchOp::kAgGemm)
+      gemm_rows(ctx.handle, moe.xs(), w1.get(), dense.get(), rows, ffn, hidden, dt);
+    if (op == MoeBenchOp::kGemmRs)
+      gemm_rows(ctx.handle, h1.get(), w2.get(), dense.get(), rows, hidden, ffn, dt);
+    if (op == MoeBenchOp::kMlp) {
+      gemm_rows(ctx.handle, moe.xs(), w1.get(), dense.get(), rows, n0, hidden, dt);
+      gemm_rows(ctx.handle, moe.act(), w2.get(), dense.get(), rows, hidden, ffn, dt);
+    }
+  };
+  auto run_variant = [&](int v) {
+    switch (v) {
+      case kFused:
+        run_op(MoePath::kFused, out_fused.get());
+        break;
+      case kUnfused:
+        run_op(MoePath::kUnfused, out_unfused.get());
+        break;
+      case kLoop:
+        run_loop();
+        break;
+      case kDense:
+        run_dense();
+        break;
+    }
+  };
+  row.flop = 2.0 * rows * ((has_layer0 ? n0 * hidden : 0) + (has_layer1 ? hidden * ffn : 0));
+
+  // ---- the checks: untimed, each output poisoned before its run ----
+  const int64_t routed = (op == MoeBenchOp::kAgGemm ? rows : tokens) * cols;  // elements
+  const size_t spare_bytes = op == MoeBenchOp::kAgGemm ? kSpareRows * cols * es : 0;
+  auto spare_poisoned = [&](const std::byte* out_rows_end) {
+    return std::all_of(out_rows_end, out_rows_end + spare_bytes,
+                       [](std::byte b) { return b == std::byte{0xff}; });
+  };
+  if (o.check) {
+    auto checked_run = [&](int v, const DeviceBuffer& out) {
+      CK(cudaMemsetAsync(out.get(), 0xff, out_bytes, stream));
+      run_variant(v);
+      CK(cudaStreamSynchronize(stream));
+      return read_back(out.get(), out_bytes);
+    };
+    const std::vector<std::byte> fused = checked_run(kFused, out_fused);
+    // The device's routing against moe_route's (the references below use the host's tables).
+    int64_t status = -1;
+    CK(cudaMemcpy(&status, moe.status(), sizeof(status), cudaMemcpyDeviceToHost));
+    std::vector<int64_t> offsets(experts + 1), pair_of_row(rows);
+    CK(cudaMemcpy(offsets.data(), moe.offsets(), offsets.size() * sizeof(int64_t),
+                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(pair_of_row.data(), moe.pair_of_row(), pair_of_row.size() * sizeof(int64_t),
+                  cudaMemcpyDeviceToHost));
+    if (status != 0 || offsets != route.offsets || pair_of_row != route.pair_of_row)
+      row.why += " the device's routing tables differ from moe_route's (status " +
+                 std::to_string(status) + ");";
+
+    const std::vector<std::byte> unfused = checked_run(kUnfused, out_unfused);
+    if (std::memcmp(fused.data(), unfused.data(), routed * es) != 0) {
+      int64_t differ = 0;
+      for (int64_t i = 0; i < routed; ++i)
+        differ += std::memcmp(element_at(fused.data(), i, dt), element_at(unfused.data(), i, dt),
+                              es) != 0;
+      row.why += " fused and (a) differ in " + std::to_string(differ) + " of " +
+                 std::to_string(routed) + " elements;";
+    }
+    if (!spare_poisoned(element_at(fused.data(), routed, dt)))
+      row.why += " fused wrote rows past the routed ones;";
+    if (!spare_poisoned(element_at(unfused.data(), routed, dt)))
+      row.why += " (a) wrote rows past the routed ones;";
+
+    const std::vector<std::byte> loop = checked_run(kLoop, out_loop);
+    row.err_b = rel_error(loop.data(), fused.data(), dt, routed);
+    if (!(row.err_b <= tolerance(op)))
+      row.why += " (b) against fused: relative error " + fmt("%.3g", row.err_b) + ";";
+
+    const SampledReference ref =
+        sampled_reference(in, route, ids, weights, gen, [](void* dst, const void* src, size_t n) {
+          CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+        });
+    std::vector<std::byte> got(ref.rows.size() * cols * es);
+    for (size_t i = 0; i < ref.rows.size(); ++i)
+      std::memcpy(element_at(got.data(), i * cols, dt),
+                  element_at(fused.data(), ref.rows[i] * cols, dt), cols * es);
+    row.err_f64 = relative_error(got.data(), dt, ref.want);
+    if (!(row.err_f64 <= tolerance(op)))
+      row.why += " fused against float64 (" + std::to_string(ref.rows.size()) +
+                 " sampled rows): relative error " + fmt("%.3g", row.err_f64) + ";";
+  }
+
+  // ---- timing: every variant once a rep, shuffled order, L2 flushed before each ----
+  run_op(MoePath::kFused, out_fused.get());               // fills moe.act() for the dense
+  if (has_layer0) moe.gather(x.get(), moe.xs(), stream);  // bound, and moe.xs()
+  CK(cudaStreamSynchronize(stream));
+  std::vector<std::vector<float>> t(kVariants);
+  std::vector<int> order{kFused, kUnfused, kLoop, kDense};
+  std::mt19937 shuffle_rng(static_cast<uint32_t>(o.seed));
+  for (int r = 0; r < o.warmup + o.reps; ++r) {
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    for (int v : order) {
+      CK(cudaMemsetAsync(ctx.flush, r & 0xff, ctx.flush_bytes, stream));
+      CK(cudaEventRecord(ctx.ev[0], stream));
+      run_variant(v);
+      CK(cudaEventRecord(ctx.ev[1], stream));
+      CK(cudaEventSynchronize(ctx.ev[1]));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, ctx.ev[0], ctx.ev[1]));
+      if (r >= o.warmup) t[v].push_back(ms);
+    }
+  }
+  for (int v = 0; v < kVariants; ++v) row.ms[v] = median(t[v]);
+
+  // ---- layer 0's spare rows, after every timed call: still poisoned ----
+  if (o.check && spare_bytes > 0) {
+    for (const DeviceBuffer* out : {&out_fused, &out_unfused}) {
+      const std::vector<std::byte> spare =
+          read_back(element_at(out->get(), routed, dt), spare_bytes);
+      if (!spare_poisoned(spare.data()))
+        row.why += std::string(out == &out_fused ? " fused" : " (a)") +
+                   " wrote rows past the routed ones while timed;";
+    }
+  }
+  return row;
+}
+
+int bench_moe(MoeBenchOp op, Args& args) {
+  const std::string name = std::string("bench ") + op_name(op);
+  const std::vector<std::string> model_names = split_list(args.get("--models", ""));
+  const std::vector<int64_t> tokens_list = args.get_int_list("--tokens", {2048, 8192});
+  const std::vector<std::string> routing_names =
+      split_list(args.get("--routing", "uniform,skewed"));
+  CaseOptions o;
+  o.op = op;
+  o.world = args.get_int_in("--world", 1, 1, 1024);
+  o.reps = static_cast<int>(args.get_int_in("--reps", 10, 1, 100000));
+  o.warmup = static_cast<int>(args.get_int_in("--warmup", 2, 0, 100000));
+  o.seed = static_cast<uint64_t>(args.get_int("--seed", 1));
+  o.dtype = DType::kBF16;
+  TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &o.dtype) && o.dtype != DType::kF32,
+             name << ": --dtype must be bf16 or fp16");
+  const bool check_flag = args.flag("--check"), no_check = args.flag("--no-check");
+  const bool csv = args.flag("--csv");
+  args.finish();
+  TL_REQUIRE(!(check_flag && no_check), name << ": --check and --no-check both given");
+  o.check = !no_check;
+
+  // ---- the cases, checked before the device is touched ----
+  TL_REQUIRE(o.world == 1,
+             name << ": --world " << o.world << " needs " << o.world
+                  << " ranks' F shards on this one GPU, and virtual-rank MoE layers are not built "
+                     "yet; on one GPU only --world 1 runs");
+  std::vector<size_t> models;  // indices into kModels
+  for (size_t i = 0; i < std::size(kModels); ++i) {
+    if (model_names.empty() ||
+        std::find(model_names.begin(), model_names.end(), kModels[i].name) != model_names.end())
+      models.push_back(i);
+  }
+  for (const std::string& model : model_names) {
+    if (std::none_of(std::begin(kModels), std::end(kModels),
+                     [&](const MoeModel& m) { return model == m.name; })) {
+      std::string all;
+      for (const MoeModel& m : kModels) all += (all.empty() ? "" : ", ") + std::string(m.name);
+      TL_REQUIRE(false, name << ": unknown model '" << model << "'; models: " << all);
+    }
+  }
+  TL_REQUIRE(!tokens_list.empty(), name << ": --tokens is empty");
+  for (int64_t tk : tokens_list)
+    TL_REQUIRE(tk >= 1 && tk <= (int64_t{1} << 20),
+               name << ": --tokens must be in [1, 2^20], got " << tk);
+  std::vector<MoeRoutingPattern> patterns;
+  for (const std::string& r : routing_names) patterns.push_back(moe_routing_pattern(r));
+  TL_REQUIRE(!patterns.empty(), name << ": --routing is empty");
+
+  // ---- the device ----
+  int devices = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&devices);
+  TL_REQUIRE(count_err == cudaSuccess && devices > 0,
+             name << ": needs a CUDA GPU (sm_90) and found none ("
+                  << (count_err == cudaSuccess ? "no device" : cudaGetErrorString(count_err))
+                  << ")");
+  int dev = 0, l2 = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  TL_REQUIRE(prop.major == 9, name << ": the grouped GEMM engine needs an sm_90 GPU; " << prop.name
+                                   << " is sm_" << prop.major << prop.minor);
+  const std::string dname(dtype_name(o.dtype));
+  std::printf(
+      "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); %s; reps %d, warmup "
+      "%d, seed %llu; L2 flushed before every call; ms: medians; fus/a, fus/b: the baseline's ms "
+      "over fused's; check %s\n",
+      prop.name, sms, l2 >> 20, op_name(op), dname.c_str(), o.reps, o.warmup,
+      (unsigned long long)o.seed, o.check ? "on" : "off (--no-check)");
+  if (op == MoeBenchOp::kGemmRs)
+    std::printf(
+        "# moe_gemm_rs at world 1: fused and (a) are the same kernels (the grouped GEMM into Y, "
+        "then the top-k reduce; no ReduceScatter on one GPU), so fus/a is their A/A\n");
+
+  BenchContext ctx;
+  CK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
+  TL_CUBLAS_CHECK(cublasCreate(&ctx.handle));
+  TL_CUBLAS_CHECK(cublasSetStream(ctx.handle, ctx.stream));
+  const size_t ws_bytes = size_t(64) << 20;
+  DeviceBuffer ws(ws_bytes);
+  TL_CUBLAS_CHECK(cublasSetWorkspace(ctx.handle, ws.get(), ws_bytes));
+  ctx.flush_bytes = size_t(2) * l2;
+  DeviceBuffer flush(ctx.flush_bytes);
+  ctx.flush = flush.get();
+  CK(cudaEventCreate(&ctx.ev[0]));
+  CK(cudaEventCreate(&ctx.ev[1]));
+
+  if (csv) {
+    std::printf(
+        "model,tokens,routing,rows,fused_ms,unfused_ms,loop_ms,dense_ms,fused_over_a,"
+        "fused_over_b,fused_tflops,err_b,err_f64,check\n");
+  } else {
+    std::printf("%-13s %6s %-13s %6s | %9s %9s %9s %9s | %6s %6s | %6s | %8s %8s %5s\n", "model",
+                "tokens", "routing", "rows", "fused_ms", "a_ms", "b_ms", "dense_ms", "fus/a",
+                "fus/b", "fus_TF", "err_b", "err_f64", "check");
+  }
+  std::vector<double> over_a, over_b;
+  bool all_ok = true;
+  for (size_t model_index : models) {
+    const MoeModel& model = kModels[model_index];
+    for (int64_t tokens : tokens_list) {
+      for (MoeRoutingPattern pattern : patterns) {
+        const CaseRow row = bench_case(ctx, o, model_index, model, tokens, pattern);
+        const bool ok = row.why.empty();
+        all_ok = all_ok && ok;
+        if (!ok)
+          std::printf("# FAIL %s tokens %lld %s:%s\n", model.name, (long long)tokens,
+                      moe_routing_name(pattern), row.why.c_str());
+        const double ra = row.ms[kUnfused] / row.ms[kFused], rb = row.ms[kLoop] / row.ms[kFused];
+        over_a.push_back(ra);
+        over_b.push_back(rb);
+        const double tf = row.ms[kFused] > 0 ? row.flop / (row.ms[kFused] * 1e-3) / 1e12 : 0.0;
+        auto err = [](double e) { return e >= 0 ? fmt("%.2e", e) : std::string("-"); };
+        const char* check = o.check ? (ok ? "ok" : "FAIL") : "-";
+        if (csv) {
+          std::printf("%s,%lld,%s,%lld,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%s,%s,%s\n", model.name,
+                      (long long)tokens, moe_routing_name(pattern), (long long)row.rows,
+                      row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], ra, rb, tf,
+                      err(row.err_b).c_str(), err(row.err_f64).c_str(), check);
+        } else {
+          std::printf(
+              "%-13s %6lld %-13s %6lld | %9.4f %9.4f %9.4f %9.4f | %6.3f %6.3f | %6.1f | %8s %8s "
+              "%5s\n",
+              model.name, (long long)tokens, moe_routing_name(pattern), (long long)row.rows,
+              row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], ra, rb, tf,
+              err(row.err_b).c_str(), err(row.err_f64).c_str(), check);
+        }
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  auto med_min = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const double med =
+        v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    return std::pair<double, double>{med, v.front()};
+  };
+  if (!over_a.empty()) {
+    const auto [a_med, a_min] = med_min(over_a);
+    const auto [b_med, b_min] = med_min(over_b);
+    std::printf("# fused / (a)%s: median %.3f, min %.3f\n",
+                op == MoeBenchOp::kGemmRs ? " (the same kernels: A/A)" : "", a_med, a_min);
+    std::printf("# fused / (b) per-expert cuBLAS loop: median %.3f, min %.3f\n", b_med, b_min);
+  }
+  std::printf("# check %s\n", o.check ? (all_ok ? "PASSED" : "FAILED") : "skipped (--no-check)");
+  CK(cudaEventDestroy(ctx.ev[0]));
+  CK(cudaEventDestroy(ctx.ev[1]));
+  TL_CUBLAS_CHECK(cublasDestroy(ctx.handle));
+  CK(cudaStreamDestroy(ctx.stream));
+  return all_ok ? 0 : 1;
+}
+
+const char* kUsage =
+    "[--models mixtral-8x7b,mixtral-8x22b,qwen1.5-moe,deepseek-moe,deepseek-v3,qwen3-30b-a3b] "
+    "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world 1] "
+    "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv]";
+const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
+
+}  // namespace
+
+TILELINK_REGISTER_COMMAND(
+    "bench moe_ag_gemm", kUsage,
+    "MoE layer 0 on one GPU (route + grouped GEMM, X gathered in the load path) vs the unfused "
+    "pipeline, a per-expert cuBLAS loop and a dense GEMM; checked against (a) and float64",
+    [](Args& args) { return bench_moe(MoeBenchOp::kAgGemm, args); }, kFlags);
+TILELINK_REGISTER_COMMAND(
+    "bench moe_gemm_rs", kUsage,
+    "MoE layer 1 on one GPU (route + grouped GEMM + top-k reduce) vs a per-expert cuBLAS loop and "
+    "a dense GEMM; checked against (a) and float64",
+    [](Args& args) { return bench_moe(MoeBenchOp::kGemmRs, args); }, kFlags);
+TILELINK_REGISTER_COMMAND(
+    "bench moe_mlp", kUsage,
+    "the whole MoE layer on one GPU (fused layer 0, SiLU(gate) * up, layer 1) vs the unfused "
+    "pipeline, a per-expert cuBLAS loop and dense GEMMs; checked against (a) and float64",
+    [](Args& args) { return bench_moe(MoeBenchOp::kMlp, args); }, kFlags);
+
+}  // namespace tilelink::cli
