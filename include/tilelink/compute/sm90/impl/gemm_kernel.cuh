@@ -174,6 +174,7 @@ struct SharedStorage {
 template <class Cfg>
 struct GroupedSharedStorage : SharedStorage<Cfg> {
   int group_first[kGroupedMaxGroups + 1];
+  int gather_rows[kTileM];  // a gathered A: the A rows of the tile being loaded (load_gathered_a)
 };
 template <class Cfg, bool kGrouped>
 using SharedStorageOf = std::conditional_t<kGrouped, GroupedSharedStorage<Cfg>, SharedStorage<Cfg>>;
@@ -204,10 +205,12 @@ struct GroupedRows {};
 template <>
 struct GroupedRows<true> {
   CUtensorMap a_rows_map;
-  CUtensorMap a_gather_map;  // gathered A: A's rows, boxes of one row
-  DynamicTileGrid groups;    // its `first`: the groups' first tile rows (grouped_gemm.hpp)
-  const int64_t* a_row_index = nullptr;  // gathered A: grouped row -> index (A's row: / a_row_div)
+  DynamicTileGrid groups;  // its `first`: the groups' first tile rows (grouped_gemm.hpp)
+  // gathered A (load_gathered_a): grouped row -> index (A's row: index / a_row_div); A, row stride
+  const int64_t* a_row_index = nullptr;
   int a_row_div = 1;
+  const void* a_gather = nullptr;
+  int64_t a_gather_ld = 0;
 };
 
 template <class Cfg, class Hooks, bool kAltA, bool kGrouped = false>
@@ -510,42 +513,73 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
                         p.a_short_rows, tile.n, 0, k_begin, k_count, tensors);
 }
 
-// The grouped mode's load of a gathered A (grouped_gemm.hpp): the tile's rows [a_row, a_row +
-// kTileM) of the grouped order, row i from A's row a_row_index[i] / a_row_div (rows at or past
-// group_end: the group's last row), lane l loading rows l, l + 32, l + 64 and l + 96 of every stage,
-// one TMA box of a row each; lane 0 arms the stage (the 128-row box's bytes, as the 128 rows add up
-// to) and loads B. The whole warp calls it.
+// The grouped mode's loads where A is gathered (grouped_gemm.hpp), run by the producer warpgroup's
+// warps 2 and 3 (`half` 0 and 1; warp 0 then loads nothing). Per tile, warp `half` writes the A
+// rows of the tile's rows [64 half, 64 half + 64) (grouped rows at or past group_end: the group's
+// last row) into its part of `rows`; per k-block, each lane copies 16 of the 16-byte chunks of its
+// warp's rows with cp.async into the places the 128-byte swizzle of A's stage gives them (chunk c
+// of tile row r at r * 128 + (c ^ (r % 8)) * 16: the layout TMA's box would have written), then
+// makes the stage's full barrier track them (cp.async.mbarrier.arrive: its pending count rises now
+// and falls as they land). After both warps have done so (a named barrier), lane 0 of warp 2 arms
+// the stage with B's bytes and loads B with TMA. Arming last keeps the stage from completing before
+// every chunk was counted.
+inline constexpr uint32_t kGatherBarrier = 0;  // a user named barrier (CUTLASS adds its reserved ids)
+
 template <class Cfg, class P, class Inputs>
 TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
                                typename Cfg::PipelineState write_state, const Inputs& load_inputs,
-                               int64_t a_row, int64_t group_end, int tile_n, int l, int k_count,
-                               typename Cfg::Mainloop::TensorStorage& tensors) {
+                               int half, int* rows, int64_t a_row, int64_t group_end, int tile_n,
+                               int l, int k_count, typename Cfg::Mainloop::TensorStorage& tensors) {
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
+  using ElementIn = typename Cfg::ElementIn;
   constexpr int kStageElems = kTileM * kTileK;
-  constexpr int kRowsPerLane = kTileM / 32;
+  constexpr int kChunks = kTileK * int(sizeof(ElementIn)) / 16;  // 16-byte chunks of a row: 8
+  constexpr int kRowsPerStep = 32 / kChunks;                      // rows a warp copies at once: 4
+  constexpr int kSteps = (kTileM / 2) / kRowsPerStep;             // 16
+  static_assert(kChunks == 8, "a k-block row is one 128-byte swizzle row");
   const int lane = cutlass::canonical_lane_idx();
-  int src[kRowsPerLane];
-  CUTE_UNROLL
-  for (int r = 0; r < kRowsPerLane; ++r) {
-    const int64_t row = min(a_row + lane + 32 * r, group_end - 1);
-    src[r] = static_cast<int>(__ldg(&p.a_row_index[row]) / p.a_row_div);
+  int* mine = rows + half * (kTileM / 2);
+  for (int i = lane; i < kTileM / 2; i += 32) {
+    const int64_t row = min(a_row + half * (kTileM / 2) + i, group_end - 1);
+    mine[i] = static_cast<int>(__ldg(&p.a_row_index[row]) / p.a_row_div);
   }
+  __syncwarp();
+  const int chunk = lane % kChunks, r0 = lane / kChunks;
+  const auto* a = static_cast<const uint8_t*>(p.a_gather);
+  const int64_t ld_bytes = p.a_gather_ld * int64_t(sizeof(ElementIn));
+  // B's bytes: the stage's TMA bytes less A's box, which the cp.async copies replace
+  const uint32_t b_bytes = p.mainloop.tma_transaction_bytes -
+                           static_cast<uint32_t>(kTileM * kTileK * sizeof(ElementIn));
+  const bool leader = half == 0 && lane == 0;
   auto block_tma_b = p.mainloop.tma_load_b.get_slice(0);
   Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
   Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile_n, _, l));  // (TMA,N,K,k)
   Tensor tBsB = block_tma_b.partition_D(sB);                                       // (TMA,N,K,PIPE)
   for (int kb = 0; kb < k_count; ++kb, ++write_state) {
-    if (lane == 0) pipeline.producer_acquire(write_state);  // the stage free, armed for its bytes
-    __syncwarp();
+    pipeline.producer_acquire(write_state);  // not the pipeline's leader: waits for the stage
     uint64_t* bar = pipeline.producer_get_barrier(write_state);
     const int stage = write_state.index();
+    const uint32_t stage_base = static_cast<uint32_t>(
+        __cvta_generic_to_shared(tensors.smem_A.data() + stage * kStageElems));
+    const uint8_t* src = a + int64_t{kb} * kTileK * int64_t(sizeof(ElementIn)) + chunk * 16;
     CUTE_UNROLL
-    for (int r = 0; r < kRowsPerLane; ++r) {
-      tma_load(tensors.smem_A.data() + stage * kStageElems + (lane + 32 * r) * kTileK,
-               &p.a_gather_map, kb * kTileK, src[r], bar);
+    for (int step = 0; step < kSteps; ++step) {
+      const int i = r0 + step * kRowsPerStep, r = half * (kTileM / 2) + i;
+      const uint32_t dst = stage_base + r * 128 + ((chunk ^ (r & 7)) << 4);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
+                   "l"(src + int64_t{mine[i]} * ld_bytes)
+                   : "memory");
     }
-    if (lane == 0) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(
+                     static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+                 : "memory");
+    cutlass::arch::NamedBarrier::sync(64, kGatherBarrier);
+    if (leader) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                       static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
+                   "r"(b_bytes)
+                   : "memory");
       copy(p.mainloop.tma_load_b.with(*bar, uint16_t{0}), tBgB(_, _, _, kb), tBsB(_, _, _, stage));
     }
   }
@@ -602,12 +636,15 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     Mainloop::prefetch_tma_descriptors(p.mainloop);
     if constexpr (kAltA) Mainloop::prefetch_tma_descriptors(p.mainloop_alt);
     if constexpr (kGrouped) {
-      cute::prefetch_tma_descriptor(p.a_row_index != nullptr ? &p.a_gather_map : &p.a_rows_map);
+      if (p.a_row_index == nullptr) cute::prefetch_tma_descriptor(&p.a_rows_map);
     }
   }
 
   typename MainloopPipeline::Params pipe_params;
   if (is_producer_group && warp_in_group == 0) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
+  if constexpr (kGrouped) {  // the gathered A's load warps (load_gathered_a)
+    if (is_producer_group && warp_in_group >= 2) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
+  }
   if (!is_producer_group) pipe_params.role = MainloopPipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = (thread_idx % 128) == 0;
   pipe_params.num_consumers = Cfg::kNumMmaThreads;
@@ -664,7 +701,32 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
 
     // ---- load warp: wait hook, then TMA loads of the tile's k-blocks -------------------------
-    if (warp_in_group == 0) {
+    bool gathered = false;  // the grouped mode's gathered A: warps 2 and 3 load instead of warp 0
+    if constexpr (kGrouped) gathered = p.a_row_index != nullptr;
+    if constexpr (kGrouped) {
+      if (gathered && warp_in_group >= 2) {
+        auto load_inputs = mainloop.load_init(problem_mnkl, p.mainloop);
+        HooksInWarp<Hooks> hooks = p.hooks;
+        PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
+        for (int j = 0; j < sched.units(); ++j) {
+          const WorkUnit unit = sched.unit(j);
+          if constexpr (Hooks::kWaits) {
+            hooks.before_tile_loads(sched.work(unit, false));  // both warps: each reads the rows
+            __syncwarp();
+            fence_proxy_async_global();  // B's TMA reads through the async proxy
+          }
+          const int64_t a_row = p.groups.rows.begin(unit.group) + int64_t{unit.tile.m} * kTileM;
+          load_gathered_a<Cfg>(p, pipeline, write_state, load_inputs, warp_in_group - 2,
+                               shared.gather_rows, a_row, p.groups.rows.end(unit.group),
+                               unit.tile.n, unit.group, unit.k_count, shared.tensors);
+          write_state.advance(unit.k_count);
+          // the next tile's rows overwrite `gather_rows` only after both warps issued this one's
+          cutlass::arch::NamedBarrier::sync(64, kGatherBarrier);
+        }
+        if (warp_in_group == 2) mainloop.load_tail(pipeline, write_state);
+      }
+    }
+    if (warp_in_group == 0 && !gathered) {
       auto load_inputs = mainloop.load_init(problem_mnkl, p.mainloop);
       auto gA_mkl = get<0>(load_inputs);  // (BLK_M, BLK_K, m, k, l)
       HooksInWarp<Hooks> hooks = p.hooks;
@@ -705,15 +767,9 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
         }
         if constexpr (kGrouped) {
           const int64_t a_row = p.groups.rows.begin(unit.group) + int64_t{tile.m} * kTileM;
-          if (p.a_row_index != nullptr) {
-            load_gathered_a<Cfg>(p, pipeline, write_state, load_inputs, a_row,
-                                 p.groups.rows.end(unit.group), tile.n, unit.group, unit.k_count,
-                                 shared.tensors);
-          } else {
-            load_a_box<Cfg, false>(p, pipeline, write_state, load_inputs, &p.a_rows_map,
-                                   static_cast<int>(a_row), kTileM, tile.n, unit.group, 0,
-                                   unit.k_count, shared.tensors);
-          }
+          load_a_box<Cfg, false>(p, pipeline, write_state, load_inputs, &p.a_rows_map,
+                                 static_cast<int>(a_row), kTileM, tile.n, unit.group, 0,
+                                 unit.k_count, shared.tensors);
         } else if (!from_alt && p.a_short_rows != 0 && tile.m == sched.grid.tiles_m() - 1) {
           load_short_a<Cfg>(p, pipeline, write_state, load_inputs, tile, unit.k_begin, unit.k_count,
                             shared.tensors);
@@ -1062,15 +1118,14 @@ void launch_grouped_gemm_config(const GroupedGemmArgs& args, const Hooks& hooks,
                                   static_cast<int>(args.k), args.groups);
   p.mainloop = Mainloop::to_underlying_arguments(problem, mainloop_args, nullptr);
   if (args.a_row_index != nullptr) {
-    encode_operand_map<ElementIn>(&p.a_gather_map, args.a, args.a_rows, args.k, lda, kTileK, 1,
-                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A's gathered rows");
-    p.a_rows_map = p.a_gather_map;  // not read
     p.a_row_index = args.a_row_index;
     p.a_row_div = args.a_row_div;
+    p.a_gather = args.a;
+    p.a_gather_ld = lda;
+    p.a_rows_map = CUtensorMap{};  // not read
   } else {
     encode_operand_map<ElementIn>(&p.a_rows_map, args.a, args.max_rows, args.k, lda, kTileK,
                                   kTileM, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, "A's rows");
-    p.a_gather_map = p.a_rows_map;  // not read
   }
   p.groups = DynamicTileGrid{DynamicRowPartition{args.groups, args.offsets}, args.n, kTileM, tile_n,
                              args.first_tile_rows};
