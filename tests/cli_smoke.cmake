@@ -33,7 +33,8 @@ expect_run(0 "check passed" run moe_mlp --world 1 --tokens 17 --hidden 16 --ffn 
 expect_run(1 "unknown routing 'zipf'" run moe_mlp --routing zipf)
 expect_run(1 "--topk must be at most --experts (4)" run moe_ag_gemm --experts 4 --topk 5)
 expect_run(1 "--m-split adds up to 5, --tokens is 6" run moe_gemm_rs --world 2 --tokens 6 --m-split 2,3)
-expect_run(1 "moe_mlp has no CUDA implementation in this build" run moe_mlp --backend cuda)
+expect_run(1 "moe_mlp cannot run on --backend cuda" run moe_mlp --backend cuda --world 2)
+expect_run(1 "sp_attn cannot run on --backend cuda: it has no CUDA implementation" run sp_attn --backend cuda)
 expect_run(1 "unknown option --bogus" run moe_mlp --bogus 1)
 # Sequence-parallel attention (layer ops): zigzag and ragged contiguous shards, causal, GQA.
 expect_run(0 "check passed" run sp_attn --world 4 --seq 96 --heads 4 --kv-heads 2 --head-dim 16 --causal --shard zigzag --iters 2)

@@ -56,7 +56,7 @@ class AttnProblem final : public LayerProblem {
 
   std::string describe() const override {
     std::ostringstream os;
-    os << name_ << " on the CPU backend: world " << world_ << ", batch " << shape_.batch << ", S " << shape_.seq
+    os << name_ << ": world " << world_ << ", batch " << shape_.batch << ", S " << shape_.seq
        << " (" << (shape_.shard == SeqShard::kZigzag ? "zigzag" : "contiguous") << ":";
     for (int r = 0; r < world_; ++r) os << (r ? "," : " ") << sharding_.rows.size(r);
     os << "), " << shape_.heads_q << " query heads, " << shape_.heads_kv << " key/value heads, D "

@@ -17,12 +17,17 @@ namespace tilelink::cli {
 
 namespace {
 
-enum class MoeOp { kAgGemm, kGemmRs, kMlp };
+enum class MoeOp { kAgGemm, kGemmRs, kMlp };  // MoeGpuCall::op's values
+
+MoeGpuRun& moe_gpu() {
+  static MoeGpuRun run;
+  return run;
+}
 
 const char* kMoeUsage =
     "[--tokens M] [--hidden H] [--ffn F (total; split evenly over the ranks)] [--experts E] [--topk K] "
     "[--routing uniform|skewed|one-expert|empty-experts] [--m-split c0,c1,...] [--world W] [--dtype bf16|fp16|fp32] "
-    "[--seed S] [--iters I] [--tolerance E] [--backend auto|cpu]";
+    "[--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda (world 1)]";
 
 class MoeProblem final : public LayerProblem {
  public:
@@ -56,7 +61,7 @@ class MoeProblem final : public LayerProblem {
 
   std::string describe() const override {
     std::ostringstream os;
-    os << name_ << " on the CPU backend: world " << world_ << ", " << tokens_ << " tokens (";
+    os << name_ << ": world " << world_ << ", " << tokens_ << " tokens (";
     for (int r = 0; r < world_; ++r) os << (r ? "," : "") << tokens_part_.size(r);
     os << "), H " << hidden_ << ", F " << ffn_ << " (";
     for (int r = 0; r < world_; ++r) os << (r ? "," : "") << ffn_r_[r];
@@ -70,9 +75,28 @@ class MoeProblem final : public LayerProblem {
     return op_ == MoeOp::kAgGemm ? 1e-2 : op_ == MoeOp::kGemmRs ? 2e-2 : 3e-2;
   }
 
-  CpuOutcome check_cpu(const LayerRun& run) const override {
+  CpuOutcome check_cpu(const LayerRun& run) const override { return check(run, false); }
+
+  std::string cuda_refusal() const override {
+    if (!moe_gpu()) return "this build has no CUDA";
+    if (world_ != 1) return "the MoE layers run on one GPU so far (--world 1); over ranks they are not built";
+    if (dtype_ == DType::kF32) return "the GPU layers are bf16 or fp16";
+    if (tokens_ == 0) return "the GPU layers take at least one token";
+    if (hidden_ % 8 != 0 || ffn_ % 8 != 0) return "the GPU layers take --hidden and --ffn in multiples of 8";
+    return "";
+  }
+  CpuOutcome check_cuda(const LayerRun& run) const override {
+    const std::string why = cuda_refusal();
+    TL_REQUIRE(why.empty(), name_ << ": " << why);
+    return check(run, true);
+  }
+
+ private:
+  // run.iters calls of the fused layer and of its unfused baseline, on the CPU backend's world or
+  // (gpu) on one GPU, each against float64 and bit for bit against each other.
+  CpuOutcome check(const LayerRun& run, bool gpu) const {
     std::mt19937_64 rng(run.seed);
-    cpu::World world(world_);
+    cpu::World world(gpu ? 1 : world_);
     const int W = world_;
     const int64_t h = hidden_, eb = dtype_size(dtype_), rows = tokens_ * topk_;
     // The weights, once: W1_r [E, F_r (x2 for the MLP: gate then up), H], W2_r [E, H, F_r].
@@ -85,9 +109,9 @@ class MoeProblem final : public LayerProblem {
     std::unique_ptr<cpu::MoeAgGemm> l0;
     std::unique_ptr<cpu::MoeGemmRs> l1;
     std::unique_ptr<cpu::MoeMlp> mlp;
-    if (op_ == MoeOp::kAgGemm) l0 = std::make_unique<cpu::MoeAgGemm>(world, tokens_part_, h, ffn_r_, experts_, topk_, dtype_, MoeAgGemmConfig{});
-    if (op_ == MoeOp::kGemmRs) l1 = std::make_unique<cpu::MoeGemmRs>(world, tokens_part_, h, ffn_r_, experts_, topk_, dtype_, MoeGemmRsConfig{});
-    if (op_ == MoeOp::kMlp) mlp = std::make_unique<cpu::MoeMlp>(world, tokens_part_, h, ffn_r_, experts_, topk_, dtype_);
+    if (!gpu && op_ == MoeOp::kAgGemm) l0 = std::make_unique<cpu::MoeAgGemm>(world, tokens_part_, h, ffn_r_, experts_, topk_, dtype_, MoeAgGemmConfig{});
+    if (!gpu && op_ == MoeOp::kGemmRs) l1 = std::make_unique<cpu::MoeGemmRs>(world, tokens_part_, h, ffn_r_, experts_, topk_, dtype_, MoeGemmRsConfig{});
+    if (!gpu && op_ == MoeOp::kMlp) mlp = std::make_unique<cpu::MoeMlp>(world, tokens_part_, h, ffn_r_, experts_, topk_, dtype_);
 
     CpuOutcome o;
     std::vector<double> t_fused, t_unfused;
@@ -113,6 +137,17 @@ class MoeProblem final : public LayerProblem {
         poison(fused[r]), poison(unfused[r]);
       }
       auto call_op = [&](bool fused_path, std::vector<std::vector<std::byte>>& out) {
+        if (gpu) {  // world 1: the whole layer on one GPU
+          MoeGpuCall c;
+          c.op = static_cast<int>(op_);
+          c.tokens = tokens_, c.hidden = h, c.ffn = ffn_r_[0], c.experts = experts_, c.topk = topk_;
+          c.dtype = dtype_, c.ids = ids.data(), c.weights = weights.data();
+          c.x = x.empty() ? nullptr : x.data();
+          c.h1 = h1[0].empty() ? nullptr : h1[0].data();
+          c.w1 = w1[0].empty() ? nullptr : w1[0].data();
+          c.w2 = w2[0].empty() ? nullptr : w2[0].data();
+          return moe_gpu()(c, fused_path, out[0].data());
+        }
         auto on_rank = [&](cpu::RankContext& ctx) {
           const int r = ctx.rank;
           const int64_t t0r = tokens_part_.begin(r);
@@ -165,7 +200,6 @@ class MoeProblem final : public LayerProblem {
     return o;
   }
 
- private:
   MoeOp op_;
   std::string name_;
   int world_ = 1, experts_ = 1, topk_ = 1;
@@ -188,6 +222,8 @@ LayerOpSpec moe_spec(MoeOp op, const char* name, const char* summary) {
 }
 
 }  // namespace
+
+void attach_moe_gpu(MoeGpuRun run) { moe_gpu() = std::move(run); }
 
 TILELINK_REGISTER_LAYER_OP(moe_spec(MoeOp::kAgGemm, "moe_ag_gemm",
                                     "MoE layer 0: AllGather of tokens and routing + grouped GEMM by expert"));

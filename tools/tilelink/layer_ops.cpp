@@ -43,16 +43,27 @@ LayerRun parse_layer_run(Args& args) {
   return run;
 }
 
+CpuOutcome LayerProblem::check_cuda(const LayerRun&) const {
+  TL_REQUIRE(false, "no CUDA form: " << cuda_refusal());
+  return {};
+}
+
 int run_layer_command(Args& args, const LayerOpSpec& spec) {
   LayerRun run = parse_layer_run(args);
   const std::unique_ptr<LayerProblem> problem = spec.parse(args, run);
   args.finish();
-  // The CPU backend only, for now: auto means cpu; cuda is refused, not ignored.
-  TL_REQUIRE(run.backend != "cuda", spec.name << " has no CUDA implementation in this build: use --backend cpu");
-  run.backend = "cpu";
+  // auto means cpu for the layer ops; cuda runs where the op has a CUDA form and is refused, with
+  // the reason, where it has none.
+  if (run.backend == "cuda") {
+    const std::string why = problem->cuda_refusal();
+    TL_REQUIRE(why.empty(), spec.name << " cannot run on --backend cuda: " << why << " (use --backend cpu)");
+  } else {
+    run.backend = "cpu";
+  }
   if (run.tolerance == 0) run.tolerance = problem->default_tolerance();
-  std::printf("%s\n", problem->describe().c_str());
-  return report_cpu_outcome(problem->check_cpu(run), run.tolerance, run.iters);
+  std::printf("%s (backend %s)\n", problem->describe().c_str(), run.backend.c_str());
+  return report_cpu_outcome(run.backend == "cuda" ? problem->check_cuda(run) : problem->check_cpu(run),
+                            run.tolerance, run.iters);
 }
 
 }  // namespace tilelink::cli

@@ -36,7 +36,31 @@ class LayerProblem {
   virtual double default_tolerance() const = 0;
   // run.iters calls of the fused op and of its unfused baseline on the CPU backend, checked.
   virtual CpuOutcome check_cpu(const LayerRun& run) const = 0;
+  // The same on the GPU (--backend cuda), where this build and the problem have a CUDA form;
+  // cuda_refusal() says why not (empty: it has).
+  virtual std::string cuda_refusal() const { return "it has no CUDA implementation in this build"; }
+  virtual CpuOutcome check_cuda(const LayerRun& run) const;
 };
+
+// The GPU side of the MoE layer ops (layer_moe_cuda.cu; a CUDA build's attach_cuda_ops attaches
+// it): one layer's call on one GPU, its output copied back.
+struct MoeGpuCall {
+  int op = 0;  // 0: moe_ag_gemm, 1: moe_gemm_rs, 2: moe_mlp
+  int64_t tokens = 0, hidden = 0, ffn = 0;
+  int experts = 0, topk = 0;
+  DType dtype = DType::kBF16;
+  const int32_t* ids = nullptr;      // [tokens, topk]
+  const float* weights = nullptr;    // [tokens, topk]
+  const std::byte* x = nullptr;      // [tokens, H] (layer 0, mlp)
+  const std::byte* h1 = nullptr;     // [tokens * topk, F] (layer 1)
+  const std::byte* w1 = nullptr;     // [E, F (2F: mlp), H]
+  const std::byte* w2 = nullptr;     // [E, H, F]
+};
+// Runs the call (fused or the unfused pipeline) into `out` (host; layer 0 [rows, F], the others
+// [tokens, H]) and returns the call's GPU milliseconds.
+using MoeGpuRun = std::function<double(const MoeGpuCall& call, bool fused, std::byte* out)>;
+void attach_moe_gpu(MoeGpuRun run);
+void attach_moe_layers_cuda();  // layer_moe_cuda.cu (CUDA builds): attach_moe_gpu(the GPU's run)
 
 struct LayerOpSpec {
   std::string name;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "layer_ops.hpp"
 #include "op_registry.hpp"
 #include "tilelink/core/error.hpp"
 
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   using namespace tilelink::cli;
 #if defined(TILELINK_HAS_CUDA)
   attach_cuda_ops();
+  attach_moe_layers_cuda();
 #endif
   register_op_commands();
   std::vector<std::string> words(argv + 1, argv + argc);
