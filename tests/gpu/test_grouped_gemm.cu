@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -222,6 +223,10 @@ void run_case(const Case& c, test::Rng& rng) {
   const int es = dtype_size(c.type);
   const bool gathered = c.a_rows > 0;
   p.a = rng.tensor(c.type, (gathered ? c.a_rows : max_rows) * p.lda);
+  // NaN in A's row padding (columns K .. lda): a load that reads past K shows in C
+  for (int64_t r = 0; r < (gathered ? c.a_rows : max_rows); ++r)
+    std::memset(p.a.data() + (r * p.lda + c.k) * dtype_size(c.type), 0xff,
+                (p.lda - c.k) * dtype_size(c.type));
   // Gathered A: index[r] for the grouped rows; the rest are never read (left out of range).
   std::vector<int64_t> index(gathered ? max_rows : 0, int64_t{1} << 40), a_row_of(index.size());
   for (int64_t r = 0; gathered && r < rows; ++r) {

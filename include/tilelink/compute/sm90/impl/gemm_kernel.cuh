@@ -562,13 +562,17 @@ TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipel
     const int stage = write_state.index();
     const uint32_t stage_base = static_cast<uint32_t>(
         __cvta_generic_to_shared(tensors.smem_A.data() + stage * kStageElems));
-    const uint8_t* src = a + int64_t{kb} * kTileK * int64_t(sizeof(ElementIn)) + chunk * 16;
+    // K's last k-block may end inside it (K is a multiple of 8, a chunk's elements): the chunks
+    // past K are zero-filled (a source size of 0), as TMA's box zero-fills them, and read nothing.
+    const int col = kb * kTileK + chunk * (16 / int(sizeof(ElementIn)));
+    const uint32_t src_bytes = col < p.k ? 16u : 0u;
+    const uint8_t* src = a + (src_bytes ? int64_t{col} * int64_t(sizeof(ElementIn)) : 0);
     CUTE_UNROLL
     for (int step = 0; step < kSteps; ++step) {
       const int i = r0 + step * kRowsPerStep, r = half * (kTileM / 2) + i;
       const uint32_t dst = stage_base + r * 128 + ((chunk ^ (r & 7)) << 4);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst),
-                   "l"(src + int64_t{mine[i]} * ld_bytes)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                   "l"(src + int64_t{mine[i]} * ld_bytes), "r"(src_bytes)
                    : "memory");
     }
     asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(
