@@ -149,7 +149,13 @@ void* alloc(int64_t count) {
 
 }  // namespace
 
-const char* moe_path_name(MoePath path) { return path == MoePath::kFused ? "fused" : "unfused"; }
+const char* moe_path_name(MoePath path) {
+  return path == MoePath::kFused ? "fused" : path == MoePath::kUnfused ? "unfused" : "auto";
+}
+
+MoePath moe_choose_path(MoePath requested) {
+  return requested == MoePath::kAuto ? MoePath::kUnfused : requested;
+}
 
 MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk, DType dtype)
     : tokens_(tokens), hidden_(hidden), ffn_(ffn), experts_(experts), topk_(topk), dtype_(dtype) {
@@ -262,7 +268,7 @@ void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePa
                       cudaStream_t stream) {
   TL_REQUIRE(x != nullptr && w1 != nullptr && out != nullptr, "moe (cuda): layer 0: null pointer");
   TL_REQUIRE(n >= 8 && n % 8 == 0, "moe (cuda): layer 0: n must be a positive multiple of 8, got " << n);
-  if (path == MoePath::kFused) return grouped(x, pair_of_row_, w1, out, n, hidden_, stream);
+  if (moe_choose_path(path) == MoePath::kFused) return grouped(x, pair_of_row_, w1, out, n, hidden_, stream);
   gather(x, xs_, stream);
   grouped(xs_, nullptr, w1, out, n, hidden_, stream);
 }

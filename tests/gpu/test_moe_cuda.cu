@@ -103,7 +103,14 @@ void check_case(const Case& c, Routing routing, uint64_t seed) {
   moe.layer1(d_h1.p, d_w2.p, d_weights.as<float>(), out1.p, nullptr);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp.p, MoePath::kFused, nullptr);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_unfused.p, MoePath::kUnfused, nullptr);
+  Dev mlp_auto(c.tokens * h * eb);
+  mlp_auto.poison();
+  moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_auto.p, MoePath::kAuto, nullptr);
   TL_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    const auto a = mlp_auto.host(), u = mlp_unfused.host();
+    EXPECT_EQ(0, std::memcmp(a.data(), u.data(), a.size())) << "mlp: auto != unfused";
+  }
 
   // the tables the layers ran on are the host form's
   std::vector<int64_t> offsets(c.experts + 1);

@@ -12,11 +12,14 @@
 //   kFused    layer 0 gathers X's rows in the grouped GEMM's load path (no gathered copy of X)
 //   kUnfused  a gather kernel writes X in grouped order, then the grouped GEMM reads it (the
 //             pipeline of the unfused baseline)
+//   kAuto     the faster of the two as measured: kUnfused on one GPU (the gathered load ran at a
+//             median 0.84 of the gather kernel plus the contiguous GEMM on the MoE model shapes,
+//             bench/results/2026-12-04_h200_moe_grouped.md)
 // Layer 1 is the same two kernels in both (on one GPU there is no ReduceScatter to overlap).
 //
 //   cuda::MoeLayer moe(tokens, hidden, ffn, experts, topk, DType::kBF16);
 //   moe.route(topk_ids, stream);                       // no host sync: graph-capturable
-//   moe.mlp(x, w1, w2, topk_weights, out, MoePath::kFused, stream);
+//   moe.mlp(x, w1, w2, topk_weights, out, MoePath::kAuto, stream);
 //
 // Tokens with an id outside [0, experts) are not routed (the routing kernel's status says so):
 // their rows are never computed and the reduce skips their slots.
@@ -30,8 +33,10 @@
 
 namespace tilelink::cuda {
 
-enum class MoePath : uint8_t { kFused, kUnfused };
+enum class MoePath : uint8_t { kFused, kUnfused, kAuto };
 const char* moe_path_name(MoePath path);
+// The path kAuto takes (the others are kept).
+MoePath moe_choose_path(MoePath requested);
 
 class MoeLayer {
  public:
