@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_moe_models.hpp"
 #include "cli.hpp"
 #include "tilelink/compute/sm90/grouped_gemm.hpp"
 #include "tilelink/compute/sm90/impl/gemm_reference.cuh"
@@ -53,45 +54,7 @@ namespace {
 namespace sm90 = ::tilelink::compute::sm90;
 namespace ref = ::tilelink::compute::sm90::reference;
 
-void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    ::tilelink::detail::throw_error(
-        file, line, std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
-  }
-}
-#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
 #define CK(call) TL_SM90_CUDA_CHECK(call)
-
-struct MoeModel {
-  const char* name;
-  int64_t hidden, ffn;
-  int experts, topk;
-};
-// The table of bench/torch_grouped_mm.py.
-constexpr MoeModel kModels[] = {
-    {"mixtral-8x7b", 4096, 14336, 8, 2}, {"mixtral-8x22b", 6144, 16384, 8, 2},
-    {"qwen1.5-moe", 2048, 1408, 60, 4},  {"deepseek-moe", 2048, 1408, 64, 6},
-    {"deepseek-v3", 7168, 2048, 256, 8}, {"qwen3-30b-a3b", 2048, 768, 128, 8},
-};
-
-// Spare rows of the engine's C past the grouped rows (they must stay poisoned).
-constexpr int64_t kSpareRows = 128;
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // max |out - want| and max |want| over `count` elements (as the bits of non-negative floats, which
 // order as unsigned integers), and the number of non-finite outputs.
@@ -177,21 +140,7 @@ int bench_grouped_gemm(Args& args) {
   args.finish();
 
   // ---- the cases, checked before the device is touched ----
-  std::vector<MoeModel> models;
-  for (const MoeModel& m : kModels) {
-    if (model_names.empty() ||
-        std::find(model_names.begin(), model_names.end(), m.name) != model_names.end())
-      models.push_back(m);
-  }
-  for (const std::string& name : model_names) {
-    const bool known = std::any_of(std::begin(kModels), std::end(kModels),
-                                   [&](const MoeModel& m) { return name == m.name; });
-    if (!known) {
-      std::string all;
-      for (const MoeModel& m : kModels) all += (all.empty() ? "" : ", ") + std::string(m.name);
-      TL_REQUIRE(false, "bench grouped_gemm: unknown model '" << name << "'; models: " << all);
-    }
-  }
+  const std::vector<MoeModel> models = select_moe_models(model_names, "bench grouped_gemm");
   TL_REQUIRE(!tokens_list.empty(), "bench grouped_gemm: --tokens is empty");
   for (int64_t t : tokens_list)
     TL_REQUIRE(t >= 1 && t <= (int64_t{1} << 20),

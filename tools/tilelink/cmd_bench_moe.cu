@@ -55,6 +55,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_moe_models.hpp"
 #include "cli.hpp"
 #include "moe_sampled_reference.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -69,13 +70,6 @@ namespace {
 using cuda::MoeLayer;
 using cuda::MoePath;
 
-void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    ::tilelink::detail::throw_error(
-        file, line, std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
-  }
-}
-#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
 #define CK(call) TL_CUDA_CHECK(call)
 
 const char* op_name(MoeBenchOp op) {
@@ -89,39 +83,9 @@ double tolerance(MoeBenchOp op) {
   return op == MoeBenchOp::kAgGemm ? 1e-2 : op == MoeBenchOp::kGemmRs ? 2e-2 : 3e-2;
 }
 
-struct MoeModel {
-  const char* name;
-  int64_t hidden, ffn;
-  int experts, topk;
-};
-// The models of bench grouped_gemm and bench/torch_grouped_mm.py.
-constexpr MoeModel kModels[] = {
-    {"mixtral-8x7b", 4096, 14336, 8, 2}, {"mixtral-8x22b", 6144, 16384, 8, 2},
-    {"qwen1.5-moe", 2048, 1408, 60, 4},  {"deepseek-moe", 2048, 1408, 64, 6},
-    {"deepseek-v3", 7168, 2048, 256, 8}, {"qwen3-30b-a3b", 2048, 768, 128, 8},
-};
-
-// Spare rows of layer 0's outputs past the grouped rows (they must stay poisoned).
-constexpr int64_t kSpareRows = 128;
 // Each GPU's F of every expert at world W: F / W rounded up to a multiple of 8 (the kernels move
 // 8-element chunks).
 int64_t ffn_shard(int64_t ffn, int64_t world) { return ((ffn + world - 1) / world + 7) / 8 * 8; }
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // Device memory of one case, freed when the case ends (also when it throws).
 class DeviceBuffer {
@@ -502,20 +466,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
              name << ": --world " << o.world << " needs " << o.world
                   << " ranks' F shards on this one GPU, and virtual-rank MoE layers are not built "
                      "yet; on one GPU only --world 1 runs");
-  std::vector<size_t> models;  // indices into kModels
-  for (size_t i = 0; i < std::size(kModels); ++i) {
-    if (model_names.empty() ||
-        std::find(model_names.begin(), model_names.end(), kModels[i].name) != model_names.end())
-      models.push_back(i);
-  }
-  for (const std::string& model : model_names) {
-    if (std::none_of(std::begin(kModels), std::end(kModels),
-                     [&](const MoeModel& m) { return model == m.name; })) {
-      std::string all;
-      for (const MoeModel& m : kModels) all += (all.empty() ? "" : ", ") + std::string(m.name);
-      TL_REQUIRE(false, name << ": unknown model '" << model << "'; models: " << all);
-    }
-  }
+  const std::vector<MoeModel> selected = select_moe_models(model_names, name.c_str());
+  std::vector<size_t> models;  // indices into kMoeModels (a case's seed takes its index)
+  for (size_t i = 0; i < std::size(kMoeModels); ++i)
+    for (const MoeModel& m : selected)
+      if (std::string(m.name) == kMoeModels[i].name) models.push_back(i);
   TL_REQUIRE(!tokens_list.empty(), name << ": --tokens is empty");
   for (int64_t tk : tokens_list)
     TL_REQUIRE(tk >= 1 && tk <= (int64_t{1} << 20),
@@ -576,7 +531,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
   std::vector<double> over_a, over_b;
   bool all_ok = true;
   for (size_t model_index : models) {
-    const MoeModel& model = kModels[model_index];
+    const MoeModel& model = kMoeModels[model_index];
     for (int64_t tokens : tokens_list) {
       for (MoeRoutingPattern pattern : patterns) {
         const CaseRow row = bench_case(ctx, o, model_index, model, tokens, pattern);
