@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 
 #include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/compute/sm90/grouped_gemm.hpp"
+#include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
 #include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/moe_route_cuda.hpp"
@@ -134,6 +136,51 @@ __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
   }
 }
 
+// kOverlap's gather: block b takes grouped tile rows b, b + blocks, ... (in the order the GEMM's
+// walk meets them, group by group), copies the tile row's X rows into xs and notifies ready[t].
+__global__ void gather_tile_rows_kernel(const uint4* __restrict__ x, int64_t chunks,
+                                        const int64_t* __restrict__ pair_of_row, int topk,
+                                        const int64_t* __restrict__ offsets,
+                                        const int* __restrict__ first_tile_rows, int experts,
+                                        uint4* __restrict__ xs, uint64_t* ready) {
+  const int tiles = first_tile_rows[experts];
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int lo = 0, hi = experts - 1;
+    while (lo < hi) {  // the last group whose first tile row is <= t: never an empty one
+      const int mid = lo + (hi - lo + 1) / 2;
+      if (first_tile_rows[mid] <= t)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int64_t r0 = offsets[lo] + int64_t{t - first_tile_rows[lo]} * compute::sm90::kTileM;
+    const int64_t r1 = min(r0 + compute::sm90::kTileM, offsets[lo + 1]);
+    for (int64_t e = threadIdx.x; e < (r1 - r0) * chunks; e += blockDim.x) {
+      const int64_t i = r0 + e / chunks, c = e % chunks;
+      xs[i * chunks + c] = x[pair_of_row[i] / topk * chunks + c];
+    }
+    __syncthreads();  // every thread's rows before thread 0's release
+    if (threadIdx.x == 0) signal_notify<Scope::kGpu>(ready + t, 1);
+  }
+}
+
+// kOverlap's hooks: a tile's loads wait for its grouped tile row (lane 0, bounded, quiet).
+struct RowsReadyHooks {
+  static constexpr bool kWaits = true;
+  static constexpr bool kNotifies = false;
+  uint64_t* ready = nullptr;
+  const int* first_tile_rows = nullptr;
+  DeviceContext ctx;
+  __device__ __forceinline__ void before_tile_loads(const compute::sm90::TileWork& w) const {
+    unsigned lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    if (lane != 0) return;
+    const int t = first_tile_rows[w.group] + w.tile.m;
+    signal_wait<Scope::kGpu, Report::kQuiet>(ctx, ready + t, t, 1,
+                                             WaitSite{SignalField::kRowsReady, t});
+  }
+};
+
 template <class F>
 void by_dtype(DType dtype, F&& f) {
   if (dtype == DType::kBF16) return f(__nv_bfloat16{});
@@ -150,7 +197,10 @@ void* alloc(int64_t count) {
 }  // namespace
 
 const char* moe_path_name(MoePath path) {
-  return path == MoePath::kFused ? "fused" : path == MoePath::kUnfused ? "unfused" : "auto";
+  return path == MoePath::kFused     ? "fused"
+         : path == MoePath::kUnfused ? "unfused"
+         : path == MoePath::kOverlap ? "overlap"
+                                     : "auto";
 }
 
 MoePath moe_choose_path(MoePath requested) {
@@ -188,6 +238,12 @@ MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int
   TL_CUDA_CHECK(cudaMemset(offsets_, 0, (experts + 1) * sizeof(int64_t)));
   TL_CUDA_CHECK(cudaMemset(first_tile_rows_, 0, (experts + 1) * sizeof(int)));
   TL_CUDA_CHECK(cudaMemset(row_of_pair_, 0xff, rows * sizeof(int64_t)));  // -1: unrouted
+  max_tile_rows_ = DynamicSegmentTiling::max_num_tiles(rows, experts, compute::sm90::kTileM);
+  rows_ready_ = static_cast<uint64_t*>(alloc<uint64_t>(max_tile_rows_));
+  sms_ = sm_count();
+  TL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 }
 
 MoeLayer::~MoeLayer() {
@@ -195,9 +251,12 @@ MoeLayer::~MoeLayer() {
   for (void* p : {static_cast<void*>(counts_), static_cast<void*>(offsets_),
                   static_cast<void*>(pair_of_row_), static_cast<void*>(row_of_pair_),
                   static_cast<void*>(status_), static_cast<void*>(first_tile_rows_), scratch_, xs_,
-                  h_, act_, y_}) {
+                  h_, act_, y_, static_cast<void*>(rows_ready_)}) {
     if (p != nullptr) (void)cudaFree(p);
   }
+  if (side_ != nullptr) (void)cudaStreamDestroy(side_);
+  if (fork_ != nullptr) (void)cudaEventDestroy(fork_);
+  if (join_ != nullptr) (void)cudaEventDestroy(join_);
 }
 
 void MoeLayer::route(const int32_t* topk_ids, cudaStream_t stream) {
@@ -269,8 +328,45 @@ void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePa
   TL_REQUIRE(x != nullptr && w1 != nullptr && out != nullptr, "moe (cuda): layer 0: null pointer");
   TL_REQUIRE(n >= 8 && n % 8 == 0, "moe (cuda): layer 0: n must be a positive multiple of 8, got " << n);
   if (moe_choose_path(path) == MoePath::kFused) return grouped(x, pair_of_row_, w1, out, n, hidden_, stream);
+  if (path == MoePath::kOverlap) return layer0_overlap(x, w1, n, out, stream);
   gather(x, xs_, stream);
   grouped(xs_, nullptr, w1, out, n, hidden_, stream);
+}
+
+void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* out,
+                              cudaStream_t stream) {
+  TL_REQUIRE(sms_ > 2 * kMoeGatherSms, "moe (cuda): the overlapped layer 0 needs more than "
+                                           << 2 * kMoeGatherSms << " SMs, the device has " << sms_);
+  // every call starts from cleared signals: a graph replays the clear with the rest
+  TL_CUDA_CHECK(cudaMemsetAsync(rows_ready_, 0, max_tile_rows_ * sizeof(uint64_t), stream));
+  TL_CUDA_CHECK(cudaEventRecord(fork_, stream));
+  TL_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+  gather_tile_rows_kernel<<<2 * kMoeGatherSms, 512, 0, side_>>>(
+      static_cast<const uint4*>(x), hidden_ / 8, pair_of_row_, topk_, offsets_, first_tile_rows_,
+      experts_, static_cast<uint4*>(xs_), rows_ready_);
+  TL_CUDA_CHECK(cudaGetLastError());
+  compute::sm90::GroupedGemmArgs g;
+  g.a = xs_;
+  g.b = w1;
+  g.c = out;
+  g.max_rows = rows();
+  g.n = n;
+  g.k = hidden_;
+  g.groups = experts_;
+  g.offsets = offsets_;
+  g.first_tile_rows = first_tile_rows_;
+  g.in_type = g.out_type = dtype_;
+  g.num_sms = sms_ - kMoeGatherSms;
+  RowsReadyHooks hooks;
+  hooks.ready = rows_ready_;
+  hooks.first_tile_rows = first_tile_rows_;
+  if (dtype_ == DType::kBF16) {
+    compute::sm90::launch_grouped_gemm<cutlass::bfloat16_t, __nv_bfloat16>(g, hooks, stream);
+  } else {
+    compute::sm90::launch_grouped_gemm<cutlass::half_t, __half>(g, hooks, stream);
+  }
+  TL_CUDA_CHECK(cudaEventRecord(join_, side_));
+  TL_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
 }
 
 void MoeLayer::layer1(const void* h1, const void* w2, const float* weights, void* out,

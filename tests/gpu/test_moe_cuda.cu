@@ -1,6 +1,7 @@
 // MoE layers on one GPU (ops/moe_cuda.hpp) against float64 (compute/cpu_moe.hpp): layer 0, layer 1
 // and the whole MLP on every routing pattern, bf16 and fp16, 1 to 256 experts, top-k 1 to 8, shapes
-// off the tiles' edges; the fused path (X gathered in the grouped GEMM's load path) bit for bit
+// off the tiles' edges; the fused path (X gathered in the grouped GEMM's load path) and the
+// overlapped one (the gather kernel beside the GEMM, tiles waiting on their tile rows) bit for bit
 // against the unfused one (a gather kernel first); outputs poisoned before every run, so rows a path
 // leaves unwritten show; a captured graph replayed over routings that change between replays; ids
 // out of range reported and not routed; bad shapes refused before anything runs.
@@ -103,13 +104,18 @@ void check_case(const Case& c, Routing routing, uint64_t seed) {
   moe.layer1(d_h1.p, d_w2.p, d_weights.as<float>(), out1.p, nullptr);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp.p, MoePath::kFused, nullptr);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_unfused.p, MoePath::kUnfused, nullptr);
-  Dev mlp_auto(c.tokens * h * eb);
-  mlp_auto.poison();
+  Dev mlp_auto(c.tokens * h * eb), mlp_overlap(c.tokens * h * eb), out0_overlap(rows * f * eb);
+  mlp_auto.poison(), mlp_overlap.poison(), out0_overlap.poison();
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_auto.p, MoePath::kAuto, nullptr);
+  moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_overlap.p, MoePath::kOverlap, nullptr);
+  moe.layer0(d_x.p, d_w1a.p, f, out0_overlap.p, MoePath::kOverlap, nullptr);
   TL_CUDA_CHECK(cudaDeviceSynchronize());
   {
-    const auto a = mlp_auto.host(), u = mlp_unfused.host();
+    const auto a = mlp_auto.host(), o = mlp_overlap.host(), u = mlp_unfused.host();
     EXPECT_EQ(0, std::memcmp(a.data(), u.data(), a.size())) << "mlp: auto != unfused";
+    EXPECT_EQ(0, std::memcmp(o.data(), u.data(), o.size())) << "mlp: overlap != unfused";
+    const auto o0 = out0_overlap.host(), u0 = out0_unfused.host();
+    EXPECT_EQ(0, std::memcmp(o0.data(), u0.data(), o0.size())) << "layer 0: overlap != unfused";
   }
 
   // the tables the layers ran on are the host form's
@@ -170,7 +176,7 @@ TEST(MoeCuda, GraphReplaysFollowNewRouting) {
   const std::vector<float> weights = draw_weights(rng, rows);
   Dev d_ids(rows * 4), d_x(x.size()), d_w1(w1.size()), d_w2(w2.size()), d_weights(rows * 4);
   d_x.put(x), d_w1.put(w1), d_w2.put(w2), d_weights.put(weights);
-  Dev out(c.tokens * h * eb), ref(c.tokens * h * eb);
+  Dev out(c.tokens * h * eb), out_overlap(c.tokens * h * eb), ref(c.tokens * h * eb);
   MoeLayer moe(c.tokens, h, f, c.experts, c.topk, c.dtype);
   cudaStream_t s;
   TL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -179,19 +185,21 @@ TEST(MoeCuda, GraphReplaysFollowNewRouting) {
   TL_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   moe.route(d_ids.as<int32_t>(), s);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), out.p, MoePath::kFused, s);
+  moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), out_overlap.p, MoePath::kOverlap, s);
   TL_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   TL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (Routing r : kRoutings) {
     SCOPED_TRACE(test::name(r));
     d_ids.put(test::draw_ids(rng, c.tokens, c.topk, c.experts, r));
-    out.poison(), ref.poison();
+    out.poison(), out_overlap.poison(), ref.poison();
     TL_CUDA_CHECK(cudaGraphLaunch(exec, s));
     TL_CUDA_CHECK(cudaStreamSynchronize(s));
     moe.route(d_ids.as<int32_t>(), s);  // eager, unfused: the same bits
     moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), ref.p, MoePath::kUnfused, s);
     TL_CUDA_CHECK(cudaStreamSynchronize(s));
-    const auto a = out.host(), b = ref.host();
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size()));
+    const auto a = out.host(), o = out_overlap.host(), b = ref.host();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size())) << "fused";
+    EXPECT_EQ(0, std::memcmp(o.data(), b.data(), o.size())) << "overlap";
   }
   TL_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TL_CUDA_CHECK(cudaGraphDestroy(graph));

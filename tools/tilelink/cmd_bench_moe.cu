@@ -1,7 +1,9 @@
 // tilelink bench moe_ag_gemm | moe_gemm_rs | moe_mlp: the MoE layers of cuda::MoeLayer
 // (ops/moe_cuda.hpp) on one GPU, on the layers of six models, each timed four ways on one stream:
-//   fused  moe.route + the op with MoePath::kFused (layer 0 gathers X's rows in the grouped
-//          GEMM's load path)
+//   fused  moe.route + the op with --fused's path: overlap (the default, MoePath::kOverlap: layer
+//          0's gather kernel on a few SMs writes X's rows in grouped order beside the grouped
+//          GEMM, whose tiles wait for their tile rows) or gathered (MoePath::kFused: the GEMM
+//          gathers X's rows in its load path)
 //   (a)    moe.route + the op with MoePath::kUnfused: the best unfused pipeline (a gather kernel
 //          writes X in grouped order, then the grouped GEMM). Layer 1 has one path: for
 //          moe_gemm_rs at world 1, (a) runs the same kernels as fused, and fus/a is their A/A.
@@ -196,6 +198,7 @@ struct CaseOptions {
   uint64_t seed;
   int reps, warmup;
   bool check;
+  MoePath fused = MoePath::kOverlap;  // --fused overlap|gathered
 };
 
 // One row of the table.
@@ -330,7 +333,7 @@ CaseRow bench_case(const BenchContext& ctx, const CaseOptions& o, size_t model_i
   auto run_variant = [&](int v) {
     switch (v) {
       case kFused:
-        run_op(MoePath::kFused, out_fused.get());
+        run_op(o.fused, out_fused.get());
         break;
       case kUnfused:
         run_op(MoePath::kUnfused, out_unfused.get());
@@ -406,7 +409,7 @@ CaseRow bench_case(const BenchContext& ctx, const CaseOptions& o, size_t model_i
   }
 
   // ---- timing: every variant once a rep, shuffled order, L2 flushed before each ----
-  run_op(MoePath::kFused, out_fused.get());               // fills moe.act() for the dense
+  run_op(o.fused, out_fused.get());                       // fills moe.act() for the dense
   if (has_layer0) moe.gather(x.get(), moe.xs(), stream);  // bound, and moe.xs()
   CK(cudaStreamSynchronize(stream));
   std::vector<std::vector<float>> t(kVariants);
@@ -460,6 +463,10 @@ int bench_moe(MoeBenchOp op, Args& args) {
   args.finish();
   TL_REQUIRE(!(check_flag && no_check), name << ": --check and --no-check both given");
   o.check = !no_check;
+  const std::string fused = args.get("--fused", "overlap");
+  TL_REQUIRE(fused == "overlap" || fused == "gathered",
+             name << ": --fused must be overlap or gathered, got '" << fused << "'");
+  o.fused = fused == "overlap" ? MoePath::kOverlap : MoePath::kFused;
 
   // ---- the cases, checked before the device is touched ----
   TL_REQUIRE(o.world == 1,
@@ -496,10 +503,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
                                    << " is sm_" << prop.major << prop.minor);
   const std::string dname(dtype_name(o.dtype));
   std::printf(
-      "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); %s; reps %d, warmup "
-      "%d, seed %llu; L2 flushed before every call; ms: medians; fus/a, fus/b: the baseline's ms "
-      "over fused's; check %s\n",
-      prop.name, sms, l2 >> 20, op_name(op), dname.c_str(), o.reps, o.warmup,
+      "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); fused: %s; %s; reps "
+      "%d, warmup %d, seed %llu; L2 flushed before every call; ms: medians; fus/a, fus/b: the "
+      "baseline's ms over fused's; check %s\n",
+      prop.name, sms, l2 >> 20, op_name(op), cuda::moe_path_name(o.fused), dname.c_str(), o.reps,
+      o.warmup,
       (unsigned long long)o.seed, o.check ? "on" : "off (--no-check)");
   if (op == MoeBenchOp::kGemmRs)
     std::printf(
@@ -588,7 +596,8 @@ int bench_moe(MoeBenchOp op, Args& args) {
 const char* kUsage =
     "[--models mixtral-8x7b,mixtral-8x22b,qwen1.5-moe,deepseek-moe,deepseek-v3,qwen3-30b-a3b] "
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world 1] "
-    "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv]";
+    "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
+    "[--fused overlap|gathered]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
 
 }  // namespace

@@ -10,6 +10,10 @@
 //
 // Paths:
 //   kFused    layer 0 gathers X's rows in the grouped GEMM's load path (no gathered copy of X)
+//   kOverlap  layer 0's gather kernel on kMoeGatherSms SMs writes X's rows in grouped order one
+//             tile row (128 rows) at a time and notifies it; the grouped GEMM on the other SMs waits,
+//             per tile, for its tile row (bounded wait, SignalField::kRowsReady), so the gather
+//             runs beside the GEMM instead of before it
 //   kUnfused  a gather kernel writes X in grouped order, then the grouped GEMM reads it (the
 //             pipeline of the unfused baseline)
 //   kAuto     the faster of the two as measured: kUnfused on one GPU (the gathered load ran at a
@@ -33,7 +37,8 @@
 
 namespace tilelink::cuda {
 
-enum class MoePath : uint8_t { kFused, kUnfused, kAuto };
+enum class MoePath : uint8_t { kFused, kUnfused, kAuto, kOverlap };
+inline constexpr int kMoeGatherSms = 8;  // the SMs kOverlap's gather kernel keeps
 const char* moe_path_name(MoePath path);
 // The path kAuto takes (the others are kept).
 MoePath moe_choose_path(MoePath requested);
@@ -90,6 +95,7 @@ class MoeLayer {
  private:
   void grouped(const void* a, const int64_t* a_rows, const void* b, void* c, int64_t n, int64_t k,
                cudaStream_t stream) const;
+  void layer0_overlap(const void* x, const void* w1, int64_t n, void* out, cudaStream_t stream);
 
   int64_t tokens_ = 0, hidden_ = 0, ffn_ = 0;
   int experts_ = 0, topk_ = 0;
@@ -100,6 +106,11 @@ class MoeLayer {
   int64_t* row_of_pair_ = nullptr;
   int64_t* status_ = nullptr;
   int* first_tile_rows_ = nullptr;
+  uint64_t* rows_ready_ = nullptr;  // kOverlap: a signal a grouped tile row
+  int64_t max_tile_rows_ = 0;
+  int sms_ = 0;
+  cudaStream_t side_ = nullptr;  // kOverlap: the gather's stream, forked from and joined to the caller's
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   void* scratch_ = nullptr;
   void* xs_ = nullptr;
   void* h_ = nullptr;
