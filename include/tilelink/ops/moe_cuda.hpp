@@ -13,12 +13,13 @@
 //   kOverlap  layer 0's gather kernel on kMoeGatherSms SMs writes X's rows in grouped order one
 //             tile row (128 rows) at a time and notifies it; the grouped GEMM on the other SMs waits,
 //             per tile, for its tile row (bounded wait, SignalField::kRowsReady), so the gather
-//             runs beside the GEMM instead of before it
+//             runs beside the GEMM instead of before it (measured at 0.28-0.89 of kUnfused: the
+//             gather on 8 SMs does not keep ahead; bench/notes/moe.md)
 //   kUnfused  a gather kernel writes X in grouped order, then the grouped GEMM reads it (the
 //             pipeline of the unfused baseline)
-//   kAuto     the faster of the two as measured: kUnfused on one GPU (the gathered load ran at a
-//             median 0.84 of the gather kernel plus the contiguous GEMM on the MoE model shapes,
-//             bench/results/2026-12-04_h200_moe_grouped.md)
+//   kAuto     the fastest as measured: kUnfused on one GPU (the gathered load ran at a median
+//             0.84 of the gather kernel plus the contiguous GEMM on the MoE model shapes, kOverlap
+//             at 0.28-0.89; bench/results/2026-12-04_h200_moe_grouped.md)
 // Layer 1 is the same two kernels in both (on one GPU there is no ReduceScatter to overlap).
 //
 //   cuda::MoeLayer moe(tokens, hidden, ffn, experts, topk, DType::kBF16);
