@@ -155,9 +155,13 @@ __global__ void gather_tile_rows_kernel(const uint4* __restrict__ x, int64_t chu
     }
     const int64_t r0 = offsets[lo] + int64_t{t - first_tile_rows[lo]} * compute::sm90::kTileM;
     const int64_t r1 = min(r0 + compute::sm90::kTileM, offsets[lo + 1]);
-    for (int64_t e = threadIdx.x; e < (r1 - r0) * chunks; e += blockDim.x) {
-      const int64_t i = r0 + e / chunks, c = e % chunks;
-      xs[i * chunks + c] = x[pair_of_row[i] / topk * chunks + c];
+    // a warp a row, its lanes over the row's chunks: one division a row, none a chunk (a division
+    // a chunk measured the gather too slow to keep ahead of the GEMM, bench/notes/moe.md)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int64_t i = r0 + warp; i < r1; i += warps) {
+      const uint4* src = x + pair_of_row[i] / topk * chunks;
+      uint4* dst = xs + i * chunks;
+      for (int64_t c = lane; c < chunks; c += 32) dst[c] = src[c];
     }
     __syncthreads();  // every thread's rows before thread 0's release
     if (threadIdx.x == 0) signal_notify<Scope::kGpu>(ready + t, 1);
