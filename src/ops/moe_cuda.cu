@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/compute/sm90/grouped_gemm.hpp"
@@ -33,42 +35,34 @@ int grid_for(int64_t items) {
   return static_cast<int>(items < 1 ? 1 : (items < most ? items : most));
 }
 
-// 8 elements of a 16-byte chunk <-> float
+// 8 elements of a 16-byte chunk <-> float (T: __nv_bfloat16 or __half; T2 its pair type)
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+template <class T2>
+__device__ __forceinline__ T2 from_floats(float x, float y);
+template <>
+__device__ __forceinline__ __nv_bfloat162 from_floats(float x, float y) {
+  return __floats2bfloat162_rn(x, y);
+}
+template <>
+__device__ __forceinline__ __half2 from_floats(float x, float y) { return __floats2half2_rn(x, y); }
+
 template <class T>
-struct Chunk8;
-template <>
-struct Chunk8<__nv_bfloat16> {
+struct Chunk8 {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   static __device__ __forceinline__ void load(const uint4& v, float* f) {
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    const auto* h = reinterpret_cast<const T2*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
+      const float2 x = to_float2(h[i]);
       f[2 * i] = x.x, f[2 * i + 1] = x.y;
     }
   }
   static __device__ __forceinline__ uint4 store(const float* f) {
     uint4 v;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&v);
+    auto* h = reinterpret_cast<T2*>(&v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return v;
-  }
-};
-template <>
-struct Chunk8<__half> {
-  static __device__ __forceinline__ void load(const uint4& v, float* f) {
-    const auto* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __half22float2(h[i]);
-      f[2 * i] = x.x, f[2 * i + 1] = x.y;
-    }
-  }
-  static __device__ __forceinline__ uint4 store(const float* f) {
-    uint4 v;
-    auto* h = reinterpret_cast<__half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) h[i] = from_floats<T2>(f[2 * i], f[2 * i + 1]);
     return v;
   }
 };
@@ -143,16 +137,10 @@ __global__ void gather_tile_rows_kernel(const uint4* __restrict__ x, int64_t chu
                                         const int64_t* __restrict__ offsets,
                                         const int* __restrict__ first_tile_rows, int experts,
                                         uint4* __restrict__ xs, uint64_t* ready) {
-  const int tiles = first_tile_rows[experts];
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int lo = 0, hi = experts - 1;
-    while (lo < hi) {  // the last group whose first tile row is <= t: never an empty one
-      const int mid = lo + (hi - lo + 1) / 2;
-      if (first_tile_rows[mid] <= t)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+  const DynamicSegmentTiling tile_rows{DynamicRowPartition{experts, offsets},
+                                       compute::sm90::kTileM, first_tile_rows};
+  for (int t = blockIdx.x; t < tile_rows.num_tiles(); t += gridDim.x) {
+    const int lo = tile_rows.part_of(t);  // never an empty group
     const int64_t r0 = offsets[lo] + int64_t{t - first_tile_rows[lo]} * compute::sm90::kTileM;
     const int64_t r1 = min(r0 + compute::sm90::kTileM, offsets[lo + 1]);
     // a warp a row, its lanes over the row's chunks: one division a row, none a chunk (a division
@@ -278,8 +266,9 @@ void MoeLayer::route(const int32_t* topk_ids, cudaStream_t stream) {
   moe_route_async(topk_ids, tokens_, topk_, experts_, t, stream);
 }
 
-void MoeLayer::grouped(const void* a, const int64_t* a_rows, const void* b, void* c, int64_t n,
-                       int64_t k, cudaStream_t stream) const {
+compute::sm90::GroupedGemmArgs MoeLayer::grouped_args(const void* a, const int64_t* a_rows,
+                                                      const void* b, void* c, int64_t n,
+                                                      int64_t k) const {
   compute::sm90::GroupedGemmArgs g;
   g.a = a;
   g.b = b;
@@ -296,7 +285,7 @@ void MoeLayer::grouped(const void* a, const int64_t* a_rows, const void* b, void
     g.a_rows = tokens_;
     g.a_row_div = topk_;
   }
-  compute::sm90::grouped_gemm(g, stream);
+  return g;
 }
 
 void MoeLayer::gather(const void* x, void* xs, cudaStream_t stream) const {
@@ -331,10 +320,12 @@ void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePa
                       cudaStream_t stream) {
   TL_REQUIRE(x != nullptr && w1 != nullptr && out != nullptr, "moe (cuda): layer 0: null pointer");
   TL_REQUIRE(n >= 8 && n % 8 == 0, "moe (cuda): layer 0: n must be a positive multiple of 8, got " << n);
-  if (moe_choose_path(path) == MoePath::kFused) return grouped(x, pair_of_row_, w1, out, n, hidden_, stream);
+  if (moe_choose_path(path) == MoePath::kFused) {
+    return compute::sm90::grouped_gemm(grouped_args(x, pair_of_row_, w1, out, n, hidden_), stream);
+  }
   if (path == MoePath::kOverlap) return layer0_overlap(x, w1, n, out, stream);
   gather(x, xs_, stream);
-  grouped(xs_, nullptr, w1, out, n, hidden_, stream);
+  compute::sm90::grouped_gemm(grouped_args(xs_, nullptr, w1, out, n, hidden_), stream);
 }
 
 void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* out,
@@ -349,17 +340,7 @@ void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* ou
       static_cast<const uint4*>(x), hidden_ / 8, pair_of_row_, topk_, offsets_, first_tile_rows_,
       experts_, static_cast<uint4*>(xs_), rows_ready_);
   TL_CUDA_CHECK(cudaGetLastError());
-  compute::sm90::GroupedGemmArgs g;
-  g.a = xs_;
-  g.b = w1;
-  g.c = out;
-  g.max_rows = rows();
-  g.n = n;
-  g.k = hidden_;
-  g.groups = experts_;
-  g.offsets = offsets_;
-  g.first_tile_rows = first_tile_rows_;
-  g.in_type = g.out_type = dtype_;
+  compute::sm90::GroupedGemmArgs g = grouped_args(xs_, nullptr, w1, out, n, hidden_);
   g.num_sms = sms_ - kMoeGatherSms;
   RowsReadyHooks hooks;
   hooks.ready = rows_ready_;
@@ -377,7 +358,7 @@ void MoeLayer::layer1(const void* h1, const void* w2, const float* weights, void
                       cudaStream_t stream) {
   TL_REQUIRE(h1 != nullptr && w2 != nullptr && weights != nullptr && out != nullptr,
              "moe (cuda): layer 1: null pointer");
-  grouped(h1, nullptr, w2, y_, hidden_, ffn_, stream);
+  compute::sm90::grouped_gemm(grouped_args(h1, nullptr, w2, y_, hidden_, ffn_), stream);
   topk_reduce(y_, weights, out, stream);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_runtime.h>
 #include <library_types.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/dtype.hpp"
 #include "tilelink/core/error.hpp"
 
@@ -63,6 +65,27 @@ inline std::vector<MoeModel> select_moe_models(const std::vector<std::string>& n
     }
   }
   return out;
+}
+
+// The current device, refused (tilelink::Error naming `who`) unless it is an sm_90 GPU.
+struct BenchGpu {
+  int dev = 0, l2 = 0, sms = 0;
+  cudaDeviceProp prop{};
+};
+inline BenchGpu require_sm90_gpu(const std::string& who) {
+  int devices = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&devices);
+  TL_REQUIRE(count_err == cudaSuccess && devices > 0,
+             who << ": needs a CUDA GPU (sm_90) and found none ("
+                 << (count_err == cudaSuccess ? "no device" : cudaGetErrorString(count_err)) << ")");
+  BenchGpu g;
+  TL_CUDA_CHECK(cudaGetDevice(&g.dev));
+  TL_CUDA_CHECK(cudaDeviceGetAttribute(&g.l2, cudaDevAttrL2CacheSize, g.dev));
+  TL_CUDA_CHECK(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, g.dev));
+  TL_CUDA_CHECK(cudaGetDeviceProperties(&g.prop, g.dev));
+  TL_REQUIRE(g.prop.major == 9, who << ": the grouped GEMM engine needs an sm_90 GPU; " << g.prop.name
+                                    << " is sm_" << g.prop.major << g.prop.minor);
+  return g;
 }
 
 inline cudaDataType_t cuda_type(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F; }

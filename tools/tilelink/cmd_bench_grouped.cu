@@ -158,20 +158,9 @@ int bench_grouped_gemm(Args& args) {
   }
 
   // ---- the device ----
-  int devices = 0;
-  const cudaError_t count_err = cudaGetDeviceCount(&devices);
-  TL_REQUIRE(count_err == cudaSuccess && devices > 0,
-             "bench grouped_gemm: needs a CUDA GPU (sm_90) and found none ("
-                 << (count_err == cudaSuccess ? "no device" : cudaGetErrorString(count_err))
-                 << ")");
-  int dev = 0, l2 = 0, sms = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
-  TL_REQUIRE(prop.major == 9, "bench grouped_gemm: the engine needs an sm_90 GPU; "
-                                  << prop.name << " is sm_" << prop.major << prop.minor);
+  const BenchGpu gpu = require_sm90_gpu("bench grouped_gemm");
+  const int l2 = gpu.l2, sms = gpu.sms;
+  const cudaDeviceProp& prop = gpu.prop;
   TL_REQUIRE(num_sms <= sms,
              "bench grouped_gemm: --num-sms " << num_sms << " > the device's " << sms << " SMs");
   const std::string dname(dtype_name(dtype));
@@ -437,27 +426,17 @@ int bench_grouped_gemm(Args& args) {
             return std::string(buf);
           };
           const char* check = verify ? (row.ok ? "ok" : "FAIL") : "-";
-          if (csv) {
-            std::printf(
-                "%s,%lld,%s,%d,%lld,%lld,%lld,%d,%lld,%d,%.4f,%.1f,%.4f,%.1f,%.4f,%.1f,%.4f,%.1f,"
-                "%.3f,%.3f,%s,%s,%s\n",
-                model.name, (long long)tokens, moe_routing_name(pattern), layer, (long long)rows,
-                (long long)n, (long long)k, empty, (long long)max_group, launch_tile_n,
-                row.ms[kEngine], tflops(row.ms[kEngine]), row.ms[kGrouped],
-                tflops(row.ms[kGrouped]), row.ms[kLoop], tflops(row.ms[kLoop]), row.ms[kDense],
-                tflops(row.ms[kDense]), r_grp, r_dense, err(row.err_eng).c_str(),
-                err(row.err_grp).c_str(), check);
-          } else {
-            std::printf(
-                "%-13s %6lld %-8s %5d %6lld %5lld %5lld %5d %6lld %4d | %8.4f %6.1f | %8.4f %6.1f "
-                "| %8.4f %6.1f | %8.4f %6.1f | %7.3f %7.3f | %8s %8s %5s\n",
-                model.name, (long long)tokens, moe_routing_name(pattern), layer, (long long)rows,
-                (long long)n, (long long)k, empty, (long long)max_group, launch_tile_n,
-                row.ms[kEngine], tflops(row.ms[kEngine]), row.ms[kGrouped],
-                tflops(row.ms[kGrouped]), row.ms[kLoop], tflops(row.ms[kLoop]), row.ms[kDense],
-                tflops(row.ms[kDense]), r_grp, r_dense, err(row.err_eng).c_str(),
-                err(row.err_grp).c_str(), check);
-          }
+          const char* row_format =
+              csv ? "%s,%lld,%s,%d,%lld,%lld,%lld,%d,%lld,%d,%.4f,%.1f,%.4f,%.1f,%.4f,%.1f,%.4f,"
+                    "%.1f,%.3f,%.3f,%s,%s,%s\n"
+                  : "%-13s %6lld %-8s %5d %6lld %5lld %5lld %5d %6lld %4d | %8.4f %6.1f | %8.4f "
+                    "%6.1f | %8.4f %6.1f | %8.4f %6.1f | %7.3f %7.3f | %8s %8s %5s\n";
+          std::printf(row_format, model.name, (long long)tokens, moe_routing_name(pattern), layer,
+                      (long long)rows, (long long)n, (long long)k, empty, (long long)max_group,
+                      launch_tile_n, row.ms[kEngine], tflops(row.ms[kEngine]), row.ms[kGrouped],
+                      tflops(row.ms[kGrouped]), row.ms[kLoop], tflops(row.ms[kLoop]),
+                      row.ms[kDense], tflops(row.ms[kDense]), r_grp, r_dense,
+                      err(row.err_eng).c_str(), err(row.err_grp).c_str(), check);
           std::fflush(stdout);
           CK(cudaFree(d_ptrs));
           CK(cudaFree(a));

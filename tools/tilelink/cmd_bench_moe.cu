@@ -487,20 +487,9 @@ int bench_moe(MoeBenchOp op, Args& args) {
   TL_REQUIRE(!patterns.empty(), name << ": --routing is empty");
 
   // ---- the device ----
-  int devices = 0;
-  const cudaError_t count_err = cudaGetDeviceCount(&devices);
-  TL_REQUIRE(count_err == cudaSuccess && devices > 0,
-             name << ": needs a CUDA GPU (sm_90) and found none ("
-                  << (count_err == cudaSuccess ? "no device" : cudaGetErrorString(count_err))
-                  << ")");
-  int dev = 0, l2 = 0, sms = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
-  TL_REQUIRE(prop.major == 9, name << ": the grouped GEMM engine needs an sm_90 GPU; " << prop.name
-                                   << " is sm_" << prop.major << prop.minor);
+  const BenchGpu gpu = require_sm90_gpu(name);
+  const int l2 = gpu.l2, sms = gpu.sms;
+  const cudaDeviceProp& prop = gpu.prop;
   const std::string dname(dtype_name(o.dtype));
   std::printf(
       "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); fused: %s; %s; reps "

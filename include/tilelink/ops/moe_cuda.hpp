@@ -34,6 +34,7 @@
 
 #include <cstdint>
 
+#include "tilelink/compute/sm90/grouped_gemm.hpp"
 #include "tilelink/core/dtype.hpp"
 
 namespace tilelink::cuda {
@@ -94,8 +95,10 @@ class MoeLayer {
   void* y() const { return y_; }
 
  private:
-  void grouped(const void* a, const int64_t* a_rows, const void* b, void* c, int64_t n, int64_t k,
-               cudaStream_t stream) const;
+  // The grouped GEMM's arguments over this call's tables: A (gathered by a_rows / topk where
+  // a_rows is set), B [experts, n, k], C [rows, n].
+  compute::sm90::GroupedGemmArgs grouped_args(const void* a, const int64_t* a_rows, const void* b,
+                                              void* c, int64_t n, int64_t k) const;
   void layer0_overlap(const void* x, const void* w1, int64_t n, void* out, cudaStream_t stream);
 
   int64_t tokens_ = 0, hidden_ = 0, ffn_ = 0;
