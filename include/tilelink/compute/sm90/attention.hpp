@@ -1,0 +1,77 @@
+// The sm_90a attention engine (forward): for every batch entry b and query head h,
+//
+//   O[b, :, h] = softmax(Q[b, :, h] K[b, :, h / G]ᵀ · scale + mask) V[b, :, h / G]
+//   lse[b, h, i] = log Σ_j exp(Q[b, i, h] · K[b, j, h / G] · scale)   (over the unmasked j)
+//
+// with G = heads_q / heads_kv query heads sharing a key/value head (GQA; G = 1 is multi-head).
+// Q and O are [batch, seq_q, heads_q, head_dim], K and V [batch, seq_k, heads_kv, head_dim], each
+// with its own element strides (head_dim contiguous), bf16 or fp16 in and out, fp32 inside.
+//
+// The causal mask works on positions: query row i is at position q_pos0 + i and key row j at
+// kv_pos0 + j; key j is masked from query i where its position is greater. So a shard of queries
+// attends to a gathered or partial sequence by saying where both start (q_pos0 = kv_pos0 = 0 is the
+// usual square mask). A row that sees no key at all gets O = 0 and lse = -inf.
+//
+// The kernel: a block takes kAttnBlockM = 128 query rows of one (b, h): warpgroup 0's first warp
+// loads Q once and then streams the key/value tiles (kAttnBlockN rows each) by TMA through a ring of
+// shared-memory stages, K and V on separate barriers; warpgroups 1 and 2 each own 64 of the query
+// rows: S = Q·Kᵀ by wgmma from shared memory, the online softmax in registers, O += P·V by wgmma with
+// P from registers, the next tile's S issued before this tile's P·V is waited for. Causal blocks
+// visit only the key tiles at or before their last query's position, the masked ones first, and the
+// heaviest query blocks launch first. O goes out through shared memory by a TMA store (clipped to
+// seq_q), lse from registers.
+//
+//   AttnArgs a;
+//   a.q = q; a.k = k; a.v = v; a.o = o; a.lse = lse;
+//   a.batch = 1; a.seq_q = a.seq_k = 8192; a.heads_q = 32; a.heads_kv = 8; a.head_dim = 128;
+//   a.causal = true;                       // strides 0: packed [b, s, h, d]
+//   attention_forward(a, stream);
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "tilelink/core/dtype.hpp"
+
+namespace tilelink::compute::sm90 {
+
+inline constexpr int kAttnBlockM = 128;  // query rows a block
+inline constexpr int kAttnBlockN = 128;  // key/value rows a tile
+
+struct AttnArgs {
+  const void* q = nullptr;  // [batch, seq_q, heads_q, head_dim]
+  const void* k = nullptr;  // [batch, seq_k, heads_kv, head_dim]
+  const void* v = nullptr;  // [batch, seq_k, heads_kv, head_dim]
+  void* o = nullptr;        // [batch, seq_q, heads_q, head_dim]
+  float* lse = nullptr;     // optional: lse[b * lse_stride_b + h * lse_stride_h + i * lse_stride_s]
+  int batch = 1;
+  int64_t seq_q = 0, seq_k = 0;
+  int heads_q = 1, heads_kv = 1;
+  int head_dim = 128;  // 64 or 128
+  // Element strides of batch, sequence and head (0: packed). head_dim is contiguous; every stride
+  // a multiple of 8 elements (TMA's 16 bytes).
+  int64_t q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;
+  int64_t k_stride_b = 0, k_stride_s = 0, k_stride_h = 0;
+  int64_t v_stride_b = 0, v_stride_s = 0, v_stride_h = 0;
+  int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
+  int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;  // 0 (all three): [batch, heads_q, seq_q]
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  bool causal = false;
+  int64_t q_pos0 = 0, kv_pos0 = 0;  // positions of query row 0 and key row 0 (the causal mask)
+  DType dtype = DType::kBF16;      // kBF16 or kFP16, every tensor but lse
+};
+
+// Throws tilelink::Error, naming the field, for arguments the engine does not take: null tensors,
+// non-positive sizes, heads_q not a multiple of heads_kv, head_dim other than 64 and 128, strides
+// not multiples of 8 elements, an unsupported dtype, a device that is not sm_90.
+void attention_check(const AttnArgs& args);
+
+// attention_check, then the launch on `stream` (no synchronisation; graph-capturable).
+void attention_forward(const AttnArgs& args, cudaStream_t stream);
+
+// The FLOPs of the call (4 · B · Hq · D per visible (query, key) pair: the two GEMMs), counting
+// under `causal` only the pairs the mask keeps.
+double attention_flops(const AttnArgs& args);
+
+}  // namespace tilelink::compute::sm90
