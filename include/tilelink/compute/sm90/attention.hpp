@@ -59,7 +59,35 @@ struct AttnArgs {
   float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
   bool causal = false;
   int64_t q_pos0 = 0, kv_pos0 = 0;  // positions of query row 0 and key row 0 (the causal mask)
+  // The walk over a block's key/value tiles starts at the tile holding this key row and goes down,
+  // on past tile 0 to the last tile it visits; -1: from the last (the masked tiles first). A fused
+  // op starts at its own rank's rows, whose tiles are ready first.
+  int64_t kv_walk_from = -1;
   DType dtype = DType::kBF16;      // kBF16 or kFP16, every tensor but lse
+};
+
+// What a hook sees. before_kv_tile: the block of query rows [m_block * kAttnBlockM, +kAttnBlockM)
+// of (batch, head) is about to load key/value tile kv_tile (rows [kv_tile * kAttnBlockN,
+// +kAttnBlockN) of kv_head); called by the one thread that issues the loads. after_o_rows: the
+// warpgroup `half` has stored rows [m_block * kAttnBlockM + half * 64, +64) of O (and their lse):
+// they are in global memory, ordered before the hook's release.
+struct AttnTileWork {
+  int batch = 0, head = 0, kv_head = 0;
+  int m_block = 0;
+  int kv_tile = -1;
+  int half = 0;
+};
+
+// The plain engine's hooks (none). A Hooks type has kWaits and kNotifies and, for those set,
+// `__device__ void before_kv_tile(const AttnTileWork&) const` / `after_o_rows(...) const`; like the
+// GEMM engine's, a hook must make no function call (quiet waits: backend/cuda/prim.cuh).
+struct NoAttnHooks {
+  static constexpr bool kWaits = false;
+  static constexpr bool kNotifies = false;
+#if defined(__CUDACC__)
+  __device__ void before_kv_tile(const AttnTileWork&) const {}
+  __device__ void after_o_rows(const AttnTileWork&) const {}
+#endif
 };
 
 // Throws tilelink::Error, naming the field, for arguments the engine does not take: null tensors,
