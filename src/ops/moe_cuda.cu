@@ -328,20 +328,26 @@ void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePa
   compute::sm90::grouped_gemm(grouped_args(xs_, nullptr, w1, out, n, hidden_), stream);
 }
 
+void MoeLayer::set_gather_sms(int sms) {
+  TL_REQUIRE(sms >= 1 && 2 * sms <= sms_,
+             "moe (cuda): the overlap path's gather takes 1 to " << sms_ / 2 << " SMs, got " << sms);
+  gather_sms_ = sms;
+}
+
 void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* out,
                               cudaStream_t stream) {
-  TL_REQUIRE(sms_ > 2 * kMoeGatherSms, "moe (cuda): the overlapped layer 0 needs more than "
-                                           << 2 * kMoeGatherSms << " SMs, the device has " << sms_);
+  TL_REQUIRE(sms_ > 2 * gather_sms_, "moe (cuda): the overlapped layer 0 needs more than "
+                                         << 2 * gather_sms_ << " SMs, the device has " << sms_);
   // every call starts from cleared signals: a graph replays the clear with the rest
   TL_CUDA_CHECK(cudaMemsetAsync(rows_ready_, 0, max_tile_rows_ * sizeof(uint64_t), stream));
   TL_CUDA_CHECK(cudaEventRecord(fork_, stream));
   TL_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
-  gather_tile_rows_kernel<<<2 * kMoeGatherSms, 512, 0, side_>>>(
+  gather_tile_rows_kernel<<<2 * gather_sms_, 512, 0, side_>>>(
       static_cast<const uint4*>(x), hidden_ / 8, pair_of_row_, topk_, offsets_, first_tile_rows_,
       experts_, static_cast<uint4*>(xs_), rows_ready_);
   TL_CUDA_CHECK(cudaGetLastError());
   compute::sm90::GroupedGemmArgs g = grouped_args(xs_, nullptr, w1, out, n, hidden_);
-  g.num_sms = sms_ - kMoeGatherSms;
+  g.num_sms = sms_ - gather_sms_;
   RowsReadyHooks hooks;
   hooks.ready = rows_ready_;
   hooks.first_tile_rows = first_tile_rows_;

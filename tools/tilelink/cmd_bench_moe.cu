@@ -199,6 +199,7 @@ struct CaseOptions {
   int reps, warmup;
   bool check;
   MoePath fused = MoePath::kOverlap;  // --fused overlap|gathered
+  int gather_sms = 0;                 // --gather-sms (overlap): 0, the layer's default
 };
 
 // One row of the table.
@@ -242,6 +243,7 @@ CaseRow bench_case(const BenchContext& ctx, const CaseOptions& o, size_t model_i
 
   // ---- the layer, its inputs and the outputs (freed when the case ends) ----
   MoeLayer moe(tokens, hidden, ffn, experts, topk, dt);
+  if (o.gather_sms > 0) moe.set_gather_sms(o.gather_sms);
   const bool has_layer0 = op != MoeBenchOp::kGemmRs, has_layer1 = op != MoeBenchOp::kAgGemm;
   const int64_t n0 = op == MoeBenchOp::kMlp ? 2 * ffn : ffn;  // layer 0's N
   DeviceBuffer d_ids(rows * sizeof(int32_t)), d_weights(rows * sizeof(float));
@@ -467,6 +469,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
   TL_REQUIRE(fused == "overlap" || fused == "gathered",
              name << ": --fused must be overlap or gathered, got '" << fused << "'");
   o.fused = fused == "overlap" ? MoePath::kOverlap : MoePath::kFused;
+  o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
 
   // ---- the cases, checked before the device is touched ----
   TL_REQUIRE(o.world == 1,
@@ -493,11 +496,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
   const std::string dname(dtype_name(o.dtype));
   std::printf(
       "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); fused: %s; %s; reps "
-      "%d, warmup %d, seed %llu; L2 flushed before every call; ms: medians; fus/a, fus/b: the "
+      "%d, warmup %d, seed %llu; gather SMs %s; L2 flushed before every call; ms: medians; fus/a, fus/b: the "
       "baseline's ms over fused's; check %s\n",
       prop.name, sms, l2 >> 20, op_name(op), cuda::moe_path_name(o.fused), dname.c_str(), o.reps,
-      o.warmup,
-      (unsigned long long)o.seed, o.check ? "on" : "off (--no-check)");
+      o.warmup, (unsigned long long)o.seed,
+      o.gather_sms > 0 ? std::to_string(o.gather_sms).c_str() : "default", o.check ? "on" : "off (--no-check)");
   if (op == MoeBenchOp::kGemmRs)
     std::printf(
         "# moe_gemm_rs at world 1: fused and (a) are the same kernels (the grouped GEMM into Y, "
@@ -586,7 +589,7 @@ const char* kUsage =
     "[--models mixtral-8x7b,mixtral-8x22b,qwen1.5-moe,deepseek-moe,deepseek-v3,qwen3-30b-a3b] "
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world 1] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
-    "[--fused overlap|gathered]";
+    "[--fused overlap|gathered] [--gather-sms N (overlap: SMs of the gather kernel)]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
 
 }  // namespace

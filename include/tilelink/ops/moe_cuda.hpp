@@ -77,6 +77,10 @@ class MoeLayer {
   int64_t rows() const { return tokens_ * topk_; }
   int64_t hidden() const { return hidden_; }
   int64_t ffn() const { return ffn_; }
+  // kOverlap: the SMs its gather kernel keeps from the grouped GEMM (kMoeGatherSms unless set;
+  // 1 to half the device's SMs).
+  void set_gather_sms(int sms);
+  int gather_sms() const { return gather_sms_; }
   int experts() const { return experts_; }
   int topk() const { return topk_; }
   DType dtype() const { return dtype_; }
@@ -113,6 +117,7 @@ class MoeLayer {
   uint64_t* rows_ready_ = nullptr;  // kOverlap: a signal a grouped tile row
   int64_t max_tile_rows_ = 0;
   int sms_ = 0;
+  int gather_sms_ = kMoeGatherSms;
   cudaStream_t side_ = nullptr;  // kOverlap: the gather's stream, forked from and joined to the caller's
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   void* scratch_ = nullptr;
