@@ -1,0 +1,422 @@
+// tilelink bench attention: the sm90 attention engine's forward (compute/sm90/attention.hpp) on
+// long-context shapes, one GPU. The shapes (B batch, S = seq_q = seq_k, Hq query heads, Hkv
+// key/value heads, D head_dim), each without and with the causal mask, as bench/torch_sdpa.py
+// (whose --ours reads this command's --out):
+//   default  1x8192x32x32x128, 1x8192x32x8x128, 2x8192x32x32x128, 1x32768x32x8x128,
+//            2x32768x32x32x128, 1x131072x32x8x128, 1x32768x32x32x64
+//   small    1x1024x32x8x128, 2x2048x32x32x128, 1x2048x16x16x64
+//   LIST     BxSxHqxHkvxD,... (--causal no|yes|both picks the masks; both by default)
+// Tensors packed [b, s, h, d] (strides 0), lse [b, Hq, S] written, inputs hashed uniform values in
+// [-1, 1) filled on the device; the default scale 1 / sqrt(D).
+//
+// Timing: CUDA events around each launch, median of --reps after --warmup launches. No L2 flush:
+// each query block re-reads every key/value tile it needs, so K and V sit in L2 during a launch
+// whether it was flushed or not (torch_sdpa.py times the same way). TFLOP/s from attention_flops
+// (4 B Hq D a visible (query, key) pair: under the mask about half of them).
+//
+// Check (unless --no-check; untimed, before timing): O and lse poisoned (0xFF bytes: NaN) before
+// the first launch; for every batch entry, 4 query rows (the first, the last and two drawn from
+// --seed) of 2 query heads (the first and the last) against a float64 reference on the host, from
+// the bf16/fp16 inputs read back for those rows alone (one key/value head's K and V by
+// cudaMemcpy2D over the head stride): |O - ref| <= 2e-2 + 2e-2 |ref|, |lse - ref| <= 1e-3. A
+// failure prints a "# FAIL" line, "FAIL" in the check column, and the command exits 1.
+// --out FILE: one tab-separated line a row (after a header line): batch seq heads_q heads_kv
+// head_dim causal time_ms tflops (causal 0 or 1).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/compute/sm90/attention.hpp"
+#include "tilelink/core/dtype.hpp"
+#include "tilelink/core/error.hpp"
+
+namespace tilelink::cli {
+namespace {
+
+namespace sm90 = ::tilelink::compute::sm90;
+
+constexpr double kOutAbsTol = 2e-2, kOutRelTol = 2e-2;  // O: |got - want| <= abs + rel * |want|
+constexpr double kLseTol = 1e-3;                        // lse: |got - want| (natural log)
+constexpr int kSampledRows = 4;  // a batch entry's checked query rows (of its first and last head)
+
+struct AttnShape {
+  int batch = 1;
+  int64_t seq = 0;
+  int heads_q = 0, heads_kv = 0, head_dim = 0;
+};
+
+const std::vector<AttnShape> kDefaultShapes = {
+    {1, 8192, 32, 32, 128}, {1, 8192, 32, 8, 128},   {2, 8192, 32, 32, 128},
+    {1, 32768, 32, 8, 128}, {2, 32768, 32, 32, 128}, {1, 131072, 32, 8, 128},
+    {1, 32768, 32, 32, 64},
+};
+const std::vector<AttnShape> kSmallShapes = {
+    {1, 1024, 32, 8, 128},
+    {2, 2048, 32, 32, 128},
+    {1, 2048, 16, 16, 64},
+};
+
+// "default", "small" or BxSxHqxHkvxD,...; a malformed item throws tilelink::Error.
+std::vector<AttnShape> parse_shapes(const std::string& s) {
+  if (s == "default") return kDefaultShapes;
+  if (s == "small") return kSmallShapes;
+  std::vector<AttnShape> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    AttnShape sh;
+    int64_t b = 0, hq = 0, hkv = 0, d = 0;
+    char x[4] = {};
+    std::stringstream is(item);
+    const bool parsed =
+        static_cast<bool>(is >> b >> x[0] >> sh.seq >> x[1] >> hq >> x[2] >> hkv >> x[3] >> d) &&
+        is.peek() == std::char_traits<char>::eof() &&
+        std::all_of(x, x + 4, [](char c) { return c == 'x'; });
+    TL_REQUIRE(parsed, "bench attention: bad shape '"
+                           << item << "' in --shapes; expected default, small or BxSxHqxHkvxD,...");
+    TL_REQUIRE(b >= 1 && b <= 1024 && sh.seq >= 1 && sh.seq <= (int64_t{1} << 24) && hq >= 1 &&
+                   hq <= 1024 && hkv >= 1 && hkv <= 1024 && d >= 1 && d <= 1024,
+               "bench attention: shape '" << item
+                                          << "' out of range (batch and heads in [1, 1024], "
+                                          << "seq in [1, 2^24], head_dim in [1, 1024])");
+    sh.batch = static_cast<int>(b), sh.heads_q = static_cast<int>(hq);
+    sh.heads_kv = static_cast<int>(hkv), sh.head_dim = static_cast<int>(d);
+    out.push_back(sh);
+  }
+  TL_REQUIRE(!out.empty(), "bench attention: --shapes is empty");
+  return out;
+}
+
+// Device memory of one shape, freed when the shape ends (also when it throws).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) TL_CUDA_CHECK(cudaMalloc(&p_, bytes));
+  }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) (void)cudaFree(p_);  // NOTE: unchecked: a destructor must not throw
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+
+// p[i] uniform in [-1, 1) from a hash of (seed, i) (splitmix64's finalizer): no state, no host
+// round trip, the same values for any launch shape.
+template <class T>
+__global__ void fill_uniform_kernel(T* p, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    store(p + i, static_cast<float>(x >> 40) * 0x1p-23f - 1.0f);
+  }
+}
+
+void fill_uniform(void* p, DType t, int64_t count, uint64_t seed, cudaStream_t s) {
+  if (t == DType::kBF16)
+    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), count, seed);
+  else
+    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__half*>(p), count, seed);
+  TL_CUDA_CHECK(cudaGetLastError());
+}
+
+// The run's header line: UTC date, device, the commit ($TILELINK_COMMIT, else `git rev-parse` in
+// the working directory, else "unknown").
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+std::string source_commit() {
+  if (const char* env = std::getenv("TILELINK_COMMIT"); env != nullptr && *env) return env;
+  std::string out;
+  if (FILE* f = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+    char buf[64];
+    if (std::fgets(buf, sizeof(buf), f) != nullptr) out = buf;
+    (void)pclose(f);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+// ---- the sampled check --------------------------------------------------------------------------
+
+// `count` elements of type t from device memory, as double.
+std::vector<double> read_values(const void* src, DType t, int64_t count) {
+  std::vector<std::byte> raw(static_cast<size_t>(count * dtype_size(t)));
+  TL_CUDA_CHECK(cudaMemcpy(raw.data(), src, raw.size(), cudaMemcpyDeviceToHost));
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = load_as_float(raw.data(), t, i);
+  return v;
+}
+
+// Key/value head hk of batch entry b ([seq_k, head_dim], packed on the host), read over the
+// tensor's row stride.
+std::vector<double> read_head(const void* base, DType t, const sm90::AttnArgs& a, int64_t b,
+                              int64_t hk) {
+  const int64_t es = dtype_size(t), row = int64_t(a.heads_kv) * a.head_dim;
+  const char* src = static_cast<const char*>(base) + ((b * a.seq_k) * row + hk * a.head_dim) * es;
+  std::vector<std::byte> raw(static_cast<size_t>(a.seq_k * a.head_dim * es));
+  TL_CUDA_CHECK(cudaMemcpy2D(raw.data(), a.head_dim * es, src, row * es, a.head_dim * es, a.seq_k,
+                             cudaMemcpyDeviceToHost));
+  std::vector<double> v(raw.size() / es);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_float(raw.data(), t, int64_t(i));
+  return v;
+}
+
+// The sampled rows of every batch entry against float64 (the file's comment); the failures, empty
+// when every value is within the tolerance. The engine's args are packed (strides 0), q_pos0 =
+// kv_pos0 = 0.
+std::string check_sampled(const sm90::AttnArgs& a, uint64_t seed) {
+  const int64_t d = a.head_dim, s_q = a.seq_q, row_q = int64_t(a.heads_q) * d;
+  const int group = a.heads_q / a.heads_kv;
+  const double scale = a.scale != 0.f ? a.scale : 1.0 / std::sqrt(double(d));
+  const int64_t es = dtype_size(a.dtype);
+  std::mt19937_64 gen(seed);
+  std::vector<int64_t> rows{0, s_q - 1};
+  for (int r = 2; r < kSampledRows; ++r)
+    rows.push_back(std::uniform_int_distribution<int64_t>(0, s_q - 1)(gen));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::vector<int> heads{0, a.heads_q - 1};
+  heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+
+  std::string why;
+  int64_t bad = 0;
+  std::vector<double> p(static_cast<size_t>(a.seq_k));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    for (int h : heads) {
+      const int64_t hk = h / group;
+      const std::vector<double> k = read_head(a.k, a.dtype, a, b, hk);
+      const std::vector<double> v = read_head(a.v, a.dtype, a, b, hk);
+      for (int64_t i : rows) {
+        const int64_t at = (b * s_q + i) * row_q + h * d;  // the row's first element in Q and O
+        const std::vector<double> q =
+            read_values(static_cast<const char*>(a.q) + at * es, a.dtype, d);
+        const std::vector<double> o =
+            read_values(static_cast<const char*>(a.o) + at * es, a.dtype, d);
+        float lse = 0;
+        TL_CUDA_CHECK(cudaMemcpy(&lse, a.lse + (b * a.heads_q + h) * s_q + i, sizeof(float),
+                                 cudaMemcpyDeviceToHost));
+        // Keys j < end are visible (q_pos0 = kv_pos0 = 0).
+        const int64_t end = a.causal ? std::min(i + 1, a.seq_k) : a.seq_k;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < end; ++j) {
+          double s = 0;
+          for (int64_t c = 0; c < d; ++c) s += q[c] * k[j * d + c];
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < end; ++j) l += (p[j] = std::exp(p[j] - m));
+        for (int64_t c = 0; c < d; ++c) {
+          double want = 0;
+          for (int64_t j = 0; j < end; ++j) want += p[j] * v[j * d + c];
+          want /= l;
+          const double err = std::abs(o[c] - want);
+          if (!(err <= kOutAbsTol + kOutRelTol * std::abs(want)) && bad++ == 0) {
+            why += " O[b " + std::to_string(b) + ", row " + std::to_string(i) + ", head " +
+                   std::to_string(h) + ", col " + std::to_string(c) +
+                   "] = " + std::to_string(o[c]) + ", want " + std::to_string(want) + ";";
+          }
+        }
+        const double want_lse = m + std::log(l);
+        if (!(std::abs(lse - want_lse) <= kLseTol)) {
+          ++bad;
+          why += " lse[b " + std::to_string(b) + ", head " + std::to_string(h) + ", row " +
+                 std::to_string(i) + "] = " + std::to_string(lse) + ", want " +
+                 std::to_string(want_lse) + ";";
+        }
+      }
+    }
+  }
+  if (bad > 1) why += " " + std::to_string(bad) + " values off in all;";
+  return why;
+}
+
+// ---- the command --------------------------------------------------------------------------------
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int bench_attention(Args& args) {
+  const std::vector<AttnShape> shapes = parse_shapes(args.get("--shapes", "default"));
+  const std::string causal_opt = args.get("--causal", "both");
+  const int reps = static_cast<int>(args.get_int_in("--reps", 10, 1, 100000));
+  const int warmup = static_cast<int>(args.get_int_in("--warmup", 2, 0, 100000));
+  const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 1));
+  DType dtype = DType::kBF16;
+  TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &dtype) && dtype != DType::kF32,
+             "bench attention: --dtype must be bf16 or fp16");
+  const bool check = !args.flag("--no-check");
+  const std::string out_path = args.get("--out", "");
+  args.finish();
+  TL_REQUIRE(causal_opt == "no" || causal_opt == "yes" || causal_opt == "both",
+             "bench attention: --causal must be no, yes or both, got '" << causal_opt << "'");
+  std::vector<bool> masks;
+  if (causal_opt != "yes") masks.push_back(false);
+  if (causal_opt != "no") masks.push_back(true);
+
+  // ---- the device ----
+  int devices = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&devices);
+  TL_REQUIRE(count_err == cudaSuccess && devices > 0,
+             "bench attention: needs a CUDA GPU (sm_90) and found none ("
+                 << (count_err == cudaSuccess ? "no device" : cudaGetErrorString(count_err))
+                 << ")");
+  int dev = 0, runtime = 0;
+  TL_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  TL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  TL_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  TL_REQUIRE(prop.major == 9, "bench attention: the attention engine needs an sm_90 GPU; "
+                                  << prop.name << " is sm_" << prop.major << prop.minor);
+  std::printf("# date %s; device %s, %d SMs, %zu GB, CUDA runtime %d.%d; commit %s\n",
+              utc_now().c_str(), prop.name, prop.multiProcessorCount, prop.totalGlobalMem >> 30,
+              runtime / 1000, runtime % 1000 / 10, source_commit().c_str());
+  std::printf(
+      "# bench attention: %s, packed [b, s, h, d], lse written, scale 1/sqrt(D); reps %d, warmup "
+      "%d, seed %llu; ms: median, no L2 flush; check %s\n",
+      std::string(dtype_name(dtype)).c_str(), reps, warmup, (unsigned long long)seed,
+      check ? "sampled rows against float64" : "off (--no-check)");
+
+  FILE* out = nullptr;
+  if (!out_path.empty()) {
+    out = std::fopen(out_path.c_str(), "w");
+    TL_REQUIRE(out != nullptr, "bench attention: cannot write " << out_path);
+    std::fprintf(out, "batch\tseq\theads_q\theads_kv\thead_dim\tcausal\ttime_ms\ttflops\n");
+  }
+
+  cudaStream_t stream;
+  TL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t ev[2];
+  TL_CUDA_CHECK(cudaEventCreate(&ev[0]));
+  TL_CUDA_CHECK(cudaEventCreate(&ev[1]));
+
+  std::printf("%5s %7s %4s %4s %4s %6s | %10s %8s | %5s\n", "batch", "seq", "Hq", "Hkv", "D",
+              "causal", "ms", "TFLOP/s", "check");
+  int failed = 0, rows_run = 0;
+  for (bool causal : masks) {
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const AttnShape& sh = shapes[si];
+      const int64_t es = dtype_size(dtype);
+      const int64_t q_elems = int64_t(sh.batch) * sh.seq * sh.heads_q * sh.head_dim;
+      const int64_t kv_elems = int64_t(sh.batch) * sh.seq * sh.heads_kv * sh.head_dim;
+      const int64_t lse_elems = int64_t(sh.batch) * sh.heads_q * sh.seq;
+      DeviceBuffer q(q_elems * es), k(kv_elems * es), v(kv_elems * es), o(q_elems * es),
+          lse(lse_elems * sizeof(float));
+      const uint64_t shape_seed = seed * 0x100000001B3ull + si * 0x9E37ull + (causal ? 1 : 0);
+      fill_uniform(q.get(), dtype, q_elems, shape_seed ^ 0x51ull, stream);
+      fill_uniform(k.get(), dtype, kv_elems, shape_seed ^ 0x4Bull, stream);
+      fill_uniform(v.get(), dtype, kv_elems, shape_seed ^ 0x56ull, stream);
+      TL_CUDA_CHECK(cudaMemsetAsync(o.get(), 0xff, o.bytes(), stream));  // NaN everywhere
+      TL_CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xff, lse.bytes(), stream));
+
+      sm90::AttnArgs a;
+      a.q = q.get(), a.k = k.get(), a.v = v.get(), a.o = o.get();
+      a.lse = static_cast<float*>(lse.get());
+      a.batch = sh.batch, a.seq_q = a.seq_k = sh.seq;
+      a.heads_q = sh.heads_q, a.heads_kv = sh.heads_kv, a.head_dim = sh.head_dim;
+      a.causal = causal, a.dtype = dtype;
+      sm90::attention_check(a);
+      const double flop = sm90::attention_flops(a);
+
+      // ---- the check: the first launch, untimed ----
+      std::string why;
+      if (check) {
+        sm90::attention_forward(a, stream);
+        TL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        why = check_sampled(a, shape_seed);
+      }
+
+      // ---- timing ----
+      std::vector<float> t;
+      for (int r = 0; r < warmup + reps; ++r) {
+        TL_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+        sm90::attention_forward(a, stream);
+        TL_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+        TL_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float ms = 0;
+        TL_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (r >= warmup) t.push_back(ms);
+      }
+      const double ms = median(t);
+      const double tflops = ms > 0 ? flop / (ms * 1e-3) / 1e12 : 0.0;
+
+      ++rows_run;
+      if (!why.empty()) {
+        ++failed;
+        std::printf("# FAIL %dx%lldx%dx%dx%d %s:%s\n", sh.batch, (long long)sh.seq, sh.heads_q,
+                    sh.heads_kv, sh.head_dim, causal ? "causal" : "no mask", why.c_str());
+      }
+      std::printf("%5d %7lld %4d %4d %4d %6s | %10.4f %8.1f | %5s\n", sh.batch, (long long)sh.seq,
+                  sh.heads_q, sh.heads_kv, sh.head_dim, causal ? "yes" : "no", ms, tflops,
+                  check ? (why.empty() ? "ok" : "FAIL") : "-");
+      std::fflush(stdout);
+      if (out != nullptr) {
+        std::fprintf(out, "%d\t%lld\t%d\t%d\t%d\t%d\t%.6f\t%.3f\n", sh.batch, (long long)sh.seq,
+                     sh.heads_q, sh.heads_kv, sh.head_dim, causal ? 1 : 0, ms, tflops);
+        std::fflush(out);
+      }
+    }
+  }
+
+  if (check) {
+    if (failed == 0)
+      std::printf("# check passed (%d shapes)\n", rows_run);
+    else
+      std::printf("# check FAILED: %d of %d shapes\n", failed, rows_run);
+  } else {
+    std::printf("# check skipped (--no-check)\n");
+  }
+  TL_CUDA_CHECK(cudaEventDestroy(ev[0]));
+  TL_CUDA_CHECK(cudaEventDestroy(ev[1]));
+  TL_CUDA_CHECK(cudaStreamDestroy(stream));
+  if (out != nullptr) std::fclose(out);
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+TILELINK_REGISTER_COMMAND(
+    {"bench attention",
+     "[--shapes default|small|BxSxHqxHkvxD,...] [--causal no|yes|both] [--reps R] [--warmup W] "
+     "[--seed S] [--dtype bf16|fp16] [--no-check] [--out FILE]",
+     "sm90 attention forward (FlashAttention-style) on long-context shapes, with and without the "
+     "causal mask; sampled rows checked against float64; --out writes the rows that "
+     "bench/torch_sdpa.py --ours compares with torch's SDPA backends",
+     &bench_attention,
+     {"--no-check"}});
+
+}  // namespace tilelink::cli
