@@ -462,14 +462,14 @@ int bench_moe(MoeBenchOp op, Args& args) {
              name << ": --dtype must be bf16 or fp16");
   const bool check_flag = args.flag("--check"), no_check = args.flag("--no-check");
   const bool csv = args.flag("--csv");
-  args.finish();
-  TL_REQUIRE(!(check_flag && no_check), name << ": --check and --no-check both given");
-  o.check = !no_check;
   const std::string fused = args.get("--fused", "overlap");
+  o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
+  args.finish();
   TL_REQUIRE(fused == "overlap" || fused == "gathered",
              name << ": --fused must be overlap or gathered, got '" << fused << "'");
   o.fused = fused == "overlap" ? MoePath::kOverlap : MoePath::kFused;
-  o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
+  TL_REQUIRE(!(check_flag && no_check), name << ": --check and --no-check both given");
+  o.check = !no_check;
 
   // ---- the cases, checked before the device is touched ----
   TL_REQUIRE(o.world == 1,

@@ -10,8 +10,8 @@ void attention_check(const AttnArgs& a) {
   TL_REQUIRE(a.dtype == DType::kBF16 || a.dtype == DType::kF16,
              "sm90 attention: dtype must be bf16 or fp16, got " << dtype_name(a.dtype));
   TL_REQUIRE(a.batch >= 1 && a.batch <= 65535, "sm90 attention: batch must be in [1, 65535], got " << a.batch);
-  TL_REQUIRE((a.seq_q + kAttnBlockM - 1) / kAttnBlockM <= 65535,
-             "sm90 attention: seq_q must be at most " << 65535 * kAttnBlockM << " rows, got " << a.seq_q);
+  TL_REQUIRE(int64_t{a.batch} * a.heads_q <= 65535,
+             "sm90 attention: batch x heads_q must be at most 65535, got " << a.batch << " x " << a.heads_q);
   TL_REQUIRE(a.seq_q >= 1 && a.seq_k >= 1,
              "sm90 attention: seq_q and seq_k must be >= 1, got " << a.seq_q << " and " << a.seq_k);
   TL_REQUIRE(a.seq_q < (int64_t{1} << 31) && a.seq_k < (int64_t{1} << 31),

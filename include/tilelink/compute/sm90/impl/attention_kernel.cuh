@@ -13,7 +13,9 @@
 //   Q    [128 rows][D]                   loaded once; each consumer later writes its 64 rows of O
 //                                        over its own rows of Q for the TMA store
 //   K, V kStages x [kAttnBlockN rows][D] the ring of key/value tiles
-//   barriers: q_full; k_full, v_full (TMA completes them) and kv_empty (a lane of each consumer
+//   barriers: q_full; per stage k_full, v_full (TMA completes them) and k_empty, v_empty (a lane of
+//   each consumer warp arrives once the tile's S, or its P·V, is done): K and V are separate
+//   pipelines, since a tile's K is done with an iteration before its V
 //   warp arrives once the tile's P·V is done) per stage
 //
 // wgmma operands: S = Q·Kᵀ takes Q (A) and K (B) K-major from shared memory (a k16 step moves the
@@ -60,10 +62,12 @@ constexpr int kBoxCols = 64;    // elements of a box row (128 bytes)
 constexpr int kRowBytes = 128;  // bytes of a box row
 constexpr int kWgRows = 64;     // query rows a consumer warpgroup owns
 
-template <int D>
+// Stages: 3 for both head dims (D 128: 224 KiB of the 227; 3 stages ran 1.00-1.07x of 2 on the
+// bench's shapes).
+template <int D, int Stages = 3>
 struct AttnLayout {
   static constexpr int kBoxes = D / kBoxCols;
-  static constexpr int kStages = D == 128 ? 2 : 3;
+  static constexpr int kStages = Stages;
   static constexpr int kQBoxBytes = kAttnBlockM * kRowBytes;
   static constexpr int kKvBoxBytes = kAttnBlockN * kRowBytes;
   static constexpr int kQBytes = kBoxes * kQBoxBytes;
@@ -71,7 +75,7 @@ struct AttnLayout {
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKvBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kKvBytes;
-  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kBarriers = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 1024;  // + alignment slack
   static constexpr int kO = D / 2;  // fp32 values of O a consumer thread holds
 };
@@ -235,11 +239,11 @@ struct RowState {
   }
 };
 
-template <class In, int D, class Hooks>
+template <class In, int D, class Hooks, int Stages>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ Hooks hooks) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = AttnLayout<D>;
+  using L = AttnLayout<D, Stages>;
   using Mma = AttnMma<In, D>;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -252,15 +256,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = k_full + L::kStages;
-  uint64_t* kv_empty = v_full + L::kStages;
+  uint64_t* k_empty = v_full + L::kStages;
+  uint64_t* v_empty = k_empty + L::kStages;
   const uint32_t q_s = smem_s;
   auto k_s = [&](int st) { return smem_s + L::kKOffset + st * L::kKvBytes; };
   auto v_s = [&](int st) { return smem_s + L::kVOffset + st * L::kKvBytes; };
 
-  // x: the (batch, head) pairs, heads fastest (the heads of a key/value head run side by side and
-  // share its tiles in L2); y: the query blocks, under `causal` the heaviest (last) first.
-  const int m_block = p.causal ? p.m_blocks - 1 - static_cast<int>(blockIdx.y) : static_cast<int>(blockIdx.y);
-  const int head = static_cast<int>(blockIdx.x) % p.heads_q, batch = static_cast<int>(blockIdx.x) / p.heads_q;
+  // x: the query blocks (under `causal` the heaviest, last, first), y: the (batch, head) pairs, heads
+  // fastest: the blocks running at once share one head's keys and values in L2 (and the next head
+  // of a GQA group reads the same ones). With the heads fastest instead, 2 x 32768 x 32 heads ran at
+  // 0.77 of this order's speed: every wave read 64 heads' K and V from HBM.
+  const int m_block = p.causal ? p.m_blocks - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int head = static_cast<int>(blockIdx.y) % p.heads_q, batch = static_cast<int>(blockIdx.y) / p.heads_q;
   const int kv_head = head / p.group;
   const KvRange range(p, m_block);
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
@@ -271,7 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int st = 0; st < L::kStages; ++st) {
       TxBarrier::init(&k_full[st], 1);
       TxBarrier::init(&v_full[st], 1);
-      Barrier::init(&kv_empty[st], 8);  // a lane of each consumer warp
+      Barrier::init(&k_empty[st], 8);  // a lane of each consumer warp
+      Barrier::init(&v_empty[st], 8);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -283,19 +291,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       TxBarrier::arrive_and_expect_tx(q_full, L::kQBytes);
       for (int b = 0; b < L::kBoxes; ++b)
         tma_load_4d(q_s + b * L::kQBoxBytes, &p.q_map, b * kBoxCols, head, static_cast<int>(range.m0), batch, q_full);
-      for (int it = 0; it < range.n; ++it) {
+      // K of tile it, then V of tile it - 1: the order the consumers take them in (S of a tile is
+      // issued with P·V of the one before).
+      auto load_k = [&](int it) {
         const int st = it % L::kStages, tile = range.tile(it);
         if constexpr (Hooks::kWaits) hooks.before_kv_tile(AttnTileWork{batch, head, kv_head, m_block, tile});
-        if (it >= L::kStages) Barrier::wait(&kv_empty[st], ((it / L::kStages) - 1) & 1);
+        if (it >= L::kStages) Barrier::wait(&k_empty[st], ((it / L::kStages) - 1) & 1);
         TxBarrier::arrive_and_expect_tx(&k_full[st], L::kKvBytes);
         for (int b = 0; b < L::kBoxes; ++b)
           tma_load_4d(k_s(st) + b * L::kKvBoxBytes, &p.k_map, b * kBoxCols, kv_head, tile * kAttnBlockN, batch,
                       &k_full[st]);
+      };
+      auto load_v = [&](int it) {
+        const int st = it % L::kStages, tile = range.tile(it);
+        if (it >= L::kStages) Barrier::wait(&v_empty[st], ((it / L::kStages) - 1) & 1);
         TxBarrier::arrive_and_expect_tx(&v_full[st], L::kKvBytes);
         for (int b = 0; b < L::kBoxes; ++b)
           tma_load_4d(v_s(st) + b * L::kKvBoxBytes, &p.v_map, b * kBoxCols, kv_head, tile * kAttnBlockN, batch,
                       &v_full[st]);
+      };
+      for (int it = 0; it < range.n; ++it) {
+        load_k(it);
+        if (it > 0) load_v(it - 1);
       }
+      if (range.n > 0) load_v(range.n - 1);
     }
     return;
   }
@@ -361,9 +380,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[4 * j + 3] *= c[1];
     }
   };
-  auto release = [&](int st) {
-    if (lane == 0) Barrier::arrive(&kv_empty[st]);
+  auto release_k = [&](int st) {
+    if (lane == 0) Barrier::arrive(&k_empty[st]);
   };
+  auto release_v = [&](int st) {
+    if (lane == 0) Barrier::arrive(&v_empty[st]);
+  };
+
+  // The two consumer warpgroups take turns issuing their MMAs (named barriers 3 and 4: "warpgroup
+  // 0's turn", "warpgroup 1's"), so one's softmax runs while the other's MMAs hold the tensor cores.
+  // Warpgroup 1 gives warpgroup 0 the first turn; each issue point waits for its own turn and passes
+  // it on (the last pass of warpgroup 1 is never taken up).
+  auto my_turn = [&]() { asm volatile("bar.sync %0, 256;" ::"r"(3 + wg) : "memory"); };
+  auto pass_turn = [&]() { asm volatile("bar.arrive %0, 256;" ::"r"(4 - wg) : "memory"); };
+  if (wg == 1) pass_turn();
 
   TxBarrier::wait(q_full, 0);
   if (range.n == 0) {
@@ -372,35 +402,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     float c[2];
     TxBarrier::wait(&k_full[0], 0);
+    my_turn();
     issue_s(0);
+    pass_turn();
     cute::warpgroup_wait<0>();
     fence_regs(s);
+    release_k(0);
     if (range.masked(p, range.tile(0))) mask(range.tile(0));
     state.update(s, p.scale_log2, c);
     pack_p();
     for (int it = 1; it < range.n; ++it) {
       const int st = it % L::kStages, prev = (it - 1) % L::kStages, tile = range.tile(it);
       TxBarrier::wait(&k_full[st], (it / L::kStages) & 1);
-      issue_s(st);
       TxBarrier::wait(&v_full[prev], ((it - 1) / L::kStages) & 1);
+      my_turn();
+      issue_s(st);
       issue_pv(prev, it > 1);
+      pass_turn();
       cute::warpgroup_wait<1>();  // S is in
       fence_regs(s);
+      release_k(st);
       if (range.masked(p, tile)) mask(tile);
       state.update(s, p.scale_log2, c);
       cute::warpgroup_wait<0>();  // P·V of the previous tile is done
       fence_regs(o);
       fence_regs(pf);
-      release(prev);
+      release_v(prev);
       rescale_o(c);
       pack_p();
     }
     const int last = (range.n - 1) % L::kStages;
     TxBarrier::wait(&v_full[last], ((range.n - 1) / L::kStages) & 1);
+    my_turn();
     issue_pv(last, range.n > 1);
+    pass_turn();
     cute::warpgroup_wait<0>();
     fence_regs(o);
-    release(last);
+    release_v(last);
   }
 
   // The epilogue: the quad's partial sums, O / l into this warpgroup's rows of Q's buffer (the
@@ -510,9 +548,9 @@ void launch_attention(const AttnArgs& a, const Hooks& hooks, cudaStream_t stream
 
   p.kv_walk_from = a.kv_walk_from;
 
-  auto* kernel = attention_kernel<In, D, Hooks>;
+  const dim3 grid(p.m_blocks, a.heads_q * a.batch);
+  auto* kernel = attention_kernel<In, D, Hooks, L::kStages>;
   TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
-  const dim3 grid(a.heads_q * a.batch, p.m_blocks);
   kernel<<<grid, kThreads, L::kSmemBytes, stream>>>(p, hooks);
   TL_SM90_CUDA_CHECK(cudaGetLastError());
 }
