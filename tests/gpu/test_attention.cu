@@ -233,6 +233,8 @@ struct Case {
   float scale = 0.f;  // 0: the engine's default, 1 / sqrt(head_dim)
   Layout q_layout = Layout::kPacked, kv_layout = Layout::kPacked, o_layout = Layout::kPacked;
   LseLayout lse = LseLayout::kPacked;
+  int num_sms = 0;            // AttnArgs::num_sms: 0, a block an item; > 0, a persistent grid
+  int64_t kv_walk_from = -1;  // AttnArgs::kv_walk_from
 };
 
 Case shape(std::string what, int head_dim, int heads_q, int heads_kv, int64_t seq, bool causal) {
@@ -249,7 +251,7 @@ Case shape(std::string what, int head_dim, int heads_q, int heads_kv, int64_t se
     << dtype_name(c.type) << (c.causal ? ", causal" : ", no mask") << ", q_pos0 " << c.q_pos0
     << ", kv_pos0 " << c.kv_pos0 << ", scale " << c.scale << ", q " << layout_name(c.q_layout)
     << ", k/v " << layout_name(c.kv_layout) << ", o " << layout_name(c.o_layout) << ", lse "
-    << lse_name(c.lse);
+    << lse_name(c.lse) << ", num_sms " << c.num_sms << ", kv_walk_from " << c.kv_walk_from;
   return m;
 }
 
@@ -301,6 +303,7 @@ struct Problem {
     args.batch = c.batch, args.seq_q = c.seq_q, args.seq_k = c.seq_k;
     args.heads_q = c.heads_q, args.heads_kv = c.heads_kv, args.head_dim = c.head_dim;
     args.scale = c.scale, args.causal = c.causal, args.q_pos0 = c.q_pos0, args.kv_pos0 = c.kv_pos0;
+    args.num_sms = c.num_sms, args.kv_walk_from = c.kv_walk_from;
     args.dtype = c.type;
     auto spell = [](const Strided& s, int64_t& sb, int64_t& ss, int64_t& sh) {
       sb = s.sb, ss = s.ss, sh = s.sh;
@@ -437,6 +440,30 @@ TEST(Sm90Attention, HeadDimsMasksAndLengths) {
       for (int64_t seq : {1, 77, 128, 200, 1000}) run_case(shape("MHA", d, 4, 4, seq, causal), rng);
       run_case(shape("GQA", d, 32, 8, 200, causal), rng);
       run_case(shape("GQA", d, 32, 8, 2048 + 13, causal), rng);
+    }
+  }
+}
+
+// A persistent grid (num_sms blocks walking the items, the key/value ring and the Q buffer running
+// on from item to item) and key/value walks that start inside the sequence and wrap past tile 0
+// (a fused op's own rows first): the same outputs as the reference.
+TEST(Sm90Attention, PersistentGridAndWalks) {
+  TL_SEEDED_RNG(rng);
+  for (int d : {128, 64}) {
+    for (bool causal : {false, true}) {
+      for (int sms : {1, 7, 132}) {
+        Case c = shape("persistent", d, 8, 2, 1000 + 13, causal);
+        c.batch = 2, c.num_sms = sms;
+        run_case(c, rng);
+      }
+      for (int64_t from : {0, 300, 640, 1012}) {
+        Case c = shape("walk", d, 4, 4, 1000 + 13, causal);
+        c.kv_walk_from = from, c.num_sms = from == 300 ? 5 : 0;
+        run_case(c, rng);
+      }
+      Case c = shape("shard walk", d, 4, 2, 200, causal);
+      c.seq_k = 1000, c.q_pos0 = 400, c.kv_walk_from = 599;  // the shard's own keys first
+      run_case(c, rng);
     }
   }
 }

@@ -281,6 +281,7 @@ int bench_attention(Args& args) {
              "bench attention: --dtype must be bf16 or fp16");
   const bool check = !args.flag("--no-check");
   const std::string out_path = args.get("--out", "");
+  const int sms = static_cast<int>(args.get_int_in("--sms", 0, 0, 100000));
   args.finish();
   TL_REQUIRE(causal_opt == "no" || causal_opt == "yes" || causal_opt == "both",
              "bench attention: --causal must be no, yes or both, got '" << causal_opt << "'");
@@ -307,8 +308,9 @@ int bench_attention(Args& args) {
               runtime / 1000, runtime % 1000 / 10, source_commit().c_str());
   std::printf(
       "# bench attention: %s, packed [b, s, h, d], lse written, scale 1/sqrt(D); reps %d, warmup "
-      "%d, seed %llu; ms: median, no L2 flush; check %s\n",
+      "%d, seed %llu; grid %s; ms: median, no L2 flush; check %s\n",
       std::string(dtype_name(dtype)).c_str(), reps, warmup, (unsigned long long)seed,
+      sms > 0 ? ("persistent, " + std::to_string(sms) + " blocks").c_str() : "a block an item",
       check ? "sampled rows against float64" : "off (--no-check)");
 
   FILE* out = nullptr;
@@ -349,6 +351,7 @@ int bench_attention(Args& args) {
       a.batch = sh.batch, a.seq_q = a.seq_k = sh.seq;
       a.heads_q = sh.heads_q, a.heads_kv = sh.heads_kv, a.head_dim = sh.head_dim;
       a.causal = causal, a.dtype = dtype;
+      a.num_sms = sms;
       sm90::attention_check(a);
       const double flop = sm90::attention_flops(a);
 
@@ -412,7 +415,7 @@ int bench_attention(Args& args) {
 TILELINK_REGISTER_COMMAND(
     {"bench attention",
      "[--shapes default|small|BxSxHqxHkvxD,...] [--causal no|yes|both] [--reps R] [--warmup W] "
-     "[--seed S] [--dtype bf16|fp16] [--no-check] [--out FILE]",
+     "[--seed S] [--dtype bf16|fp16] [--no-check] [--out FILE] [--sms N (a persistent grid of N blocks)]",
      "sm90 attention forward (FlashAttention-style) on long-context shapes, with and without the "
      "causal mask; sampled rows checked against float64; --out writes the rows that "
      "bench/torch_sdpa.py --ours compares with torch's SDPA backends",

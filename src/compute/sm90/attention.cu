@@ -10,8 +10,9 @@ void attention_check(const AttnArgs& a) {
   TL_REQUIRE(a.dtype == DType::kBF16 || a.dtype == DType::kF16,
              "sm90 attention: dtype must be bf16 or fp16, got " << dtype_name(a.dtype));
   TL_REQUIRE(a.batch >= 1 && a.batch <= 65535, "sm90 attention: batch must be in [1, 65535], got " << a.batch);
-  TL_REQUIRE(int64_t{a.batch} * a.heads_q <= 65535,
-             "sm90 attention: batch x heads_q must be at most 65535, got " << a.batch << " x " << a.heads_q);
+  TL_REQUIRE((a.seq_q + kAttnBlockM - 1) / kAttnBlockM * a.heads_q * a.batch < (int64_t{1} << 31),
+             "sm90 attention: batch x heads_q x query blocks must be below 2^31");
+  TL_REQUIRE(a.num_sms >= 0, "sm90 attention: num_sms must be >= 0 (0: every SM), got " << a.num_sms);
   TL_REQUIRE(a.seq_q >= 1 && a.seq_k >= 1,
              "sm90 attention: seq_q and seq_k must be >= 1, got " << a.seq_q << " and " << a.seq_k);
   TL_REQUIRE(a.seq_q < (int64_t{1} << 31) && a.seq_k < (int64_t{1} << 31),
@@ -50,12 +51,13 @@ void attention_check(const AttnArgs& a) {
 
 void attention_forward(const AttnArgs& a, cudaStream_t stream) {
   attention_check(a);
+  const int sms = a.num_sms;
   if (a.dtype == DType::kBF16) {
-    if (a.head_dim == 128) attn_detail::launch_attention<__nv_bfloat16, 128>(a, NoAttnHooks{}, stream);
-    else attn_detail::launch_attention<__nv_bfloat16, 64>(a, NoAttnHooks{}, stream);
+    if (a.head_dim == 128) attn_detail::launch_attention<__nv_bfloat16, 128>(a, NoAttnHooks{}, sms, stream);
+    else attn_detail::launch_attention<__nv_bfloat16, 64>(a, NoAttnHooks{}, sms, stream);
   } else {
-    if (a.head_dim == 128) attn_detail::launch_attention<__half, 128>(a, NoAttnHooks{}, stream);
-    else attn_detail::launch_attention<__half, 64>(a, NoAttnHooks{}, stream);
+    if (a.head_dim == 128) attn_detail::launch_attention<__half, 128>(a, NoAttnHooks{}, sms, stream);
+    else attn_detail::launch_attention<__half, 64>(a, NoAttnHooks{}, sms, stream);
   }
 }
 

@@ -12,7 +12,9 @@
 // attends to a gathered or partial sequence by saying where both start (q_pos0 = kv_pos0 = 0 is the
 // usual square mask). A row that sees no key at all gets O = 0 and lse = -inf.
 //
-// The kernel: a block takes kAttnBlockM = 128 query rows of one (b, h): warpgroup 0's first warp
+// The kernel: a block an item of kAttnBlockM = 128 query rows of one (b, h), or (num_sms) a
+// persistent block an SM walking the items in turn; the query blocks fastest (a head's blocks run
+// side by side and share its keys and values in L2): warpgroup 0's first warp
 // loads Q once and then streams the key/value tiles (kAttnBlockN rows each) by TMA through a ring of
 // shared-memory stages, K and V on separate barriers; warpgroups 1 and 2 each own 64 of the query
 // rows: S = Q·Kᵀ by wgmma from shared memory, the online softmax in registers, O += P·V by wgmma with
@@ -63,7 +65,10 @@ struct AttnArgs {
   // on past tile 0 to the last tile it visits; -1: from the last (the masked tiles first). A fused
   // op starts at its own rank's rows, whose tiles are ready first.
   int64_t kv_walk_from = -1;
-  DType dtype = DType::kBF16;      // kBF16 or kFP16, every tensor but lse
+  DType dtype = DType::kBF16;      // kBF16 or kF16, every tensor but lse
+  // Blocks of a persistent grid (one an SM, each walking items in turn), for a caller that keeps
+  // SMs for other work (a comm program's copies); 0: a block an item, the fastest on a whole GPU.
+  int num_sms = 0;
 };
 
 // What a hook sees. before_kv_tile: the block of query rows [m_block * kAttnBlockM, +kAttnBlockM)

@@ -75,7 +75,7 @@ struct AttnLayout {
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKvBytes;
   static constexpr int kBarrierOffset = kVOffset + kStages * kKvBytes;
-  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8 + 1024;  // + alignment slack
   static constexpr int kO = D / 2;  // fp32 values of O a consumer thread holds
 };
@@ -105,6 +105,7 @@ struct AttnParams {
   int64_t seq_q, seq_k, q_pos0, kv_pos0;
   int heads_q, group;  // group: query heads a key/value head serves
   int m_blocks;
+  int items;             // m_blocks x heads_q x batch
   int64_t kv_walk_from;  // AttnArgs::kv_walk_from
   float scale_log2;  // scale · log2(e)
   bool causal;
@@ -136,6 +137,19 @@ struct KvRange {
     return end > p.seq_k || (p.causal && p.kv_pos0 + end - 1 > p.q_pos0 + m0);
   }
 };
+
+// A block's unit of work: query block m_block of (batch, head). Items are numbered with the query
+// blocks fastest (under `causal` the heaviest, last, first), then the heads, then the batch: the
+// blocks running at once share one head's keys and values in L2, and the next head of a GQA group
+// reads the same ones. (With the heads fastest, 2 x 32768 x 32 heads ran at 0.77 of this order's
+// speed: every wave read 64 heads' K and V from HBM.)
+struct AttnItem {
+  int m_block, head, batch, kv_head;
+};
+__device__ __forceinline__ AttnItem item_of(const AttnParams& p, int i) {
+  const int mb = i % p.m_blocks, bh = i / p.m_blocks, head = bh % p.heads_q;
+  return {p.causal ? p.m_blocks - 1 - mb : mb, head, bh / p.heads_q, head / p.group};
+}
 
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
   cute::GmmaDescriptor d;
@@ -239,7 +253,10 @@ struct RowState {
   }
 };
 
-template <class In, int D, class Hooks, int Stages>
+// kPersistent: a block walks items blockIdx.x, + gridDim.x, ...; otherwise a block takes the one
+// item blockIdx.x, and the code is straight-line: compiled as a loop, the consumers' values
+// hoisted out of it spilled (80 bytes) and a block an item ran 9% slower (measured 2026-12-04).
+template <class In, int D, class Hooks, int Stages, bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ Hooks hooks) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -258,23 +275,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* v_full = k_full + L::kStages;
   uint64_t* k_empty = v_full + L::kStages;
   uint64_t* v_empty = k_empty + L::kStages;
+  uint64_t* q_empty = v_empty + L::kStages;
   const uint32_t q_s = smem_s;
   auto k_s = [&](int st) { return smem_s + L::kKOffset + st * L::kKvBytes; };
   auto v_s = [&](int st) { return smem_s + L::kVOffset + st * L::kKvBytes; };
 
-  // x: the query blocks (under `causal` the heaviest, last, first), y: the (batch, head) pairs, heads
-  // fastest: the blocks running at once share one head's keys and values in L2 (and the next head
-  // of a GQA group reads the same ones). With the heads fastest instead, 2 x 32768 x 32 heads ran at
-  // 0.77 of this order's speed: every wave read 64 heads' K and V from HBM.
-  const int m_block = p.causal ? p.m_blocks - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int head = static_cast<int>(blockIdx.y) % p.heads_q, batch = static_cast<int>(blockIdx.y) / p.heads_q;
-  const int kv_head = head / p.group;
-  const KvRange range(p, m_block);
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int tid = static_cast<int>(threadIdx.x) % 128;
 
   if (threadIdx.x == 0) {
     TxBarrier::init(q_full, 1);
+    Barrier::init(q_empty, 2);  // a thread of each consumer warpgroup, its rows of O read out
     for (int st = 0; st < L::kStages; ++st) {
       TxBarrier::init(&k_full[st], 1);
       TxBarrier::init(&v_full[st], 1);
@@ -285,36 +296,48 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // Persistent: block b takes items b, b + gridDim.x, ... (AttnItem: the query blocks fastest). The
+  // key/value ring runs on across items: g counts the block's tiles.
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (tid == 0) {
-      TxBarrier::arrive_and_expect_tx(q_full, L::kQBytes);
-      for (int b = 0; b < L::kBoxes; ++b)
-        tma_load_4d(q_s + b * L::kQBoxBytes, &p.q_map, b * kBoxCols, head, static_cast<int>(range.m0), batch, q_full);
-      // K of tile it, then V of tile it - 1: the order the consumers take them in (S of a tile is
-      // issued with P·V of the one before).
-      auto load_k = [&](int it) {
-        const int st = it % L::kStages, tile = range.tile(it);
-        if constexpr (Hooks::kWaits) hooks.before_kv_tile(AttnTileWork{batch, head, kv_head, m_block, tile});
-        if (it >= L::kStages) Barrier::wait(&k_empty[st], ((it / L::kStages) - 1) & 1);
-        TxBarrier::arrive_and_expect_tx(&k_full[st], L::kKvBytes);
+      int g = 0;
+      for (int i = static_cast<int>(blockIdx.x), local = 0; i < p.items; i += static_cast<int>(gridDim.x), ++local) {
+        const AttnItem w = item_of(p, i);
+        const KvRange range(p, w.m_block);
+        if (local > 0) Barrier::wait(q_empty, (local - 1) & 1);  // the last item's O is out of Q's buffer
+        TxBarrier::arrive_and_expect_tx(q_full, L::kQBytes);
         for (int b = 0; b < L::kBoxes; ++b)
-          tma_load_4d(k_s(st) + b * L::kKvBoxBytes, &p.k_map, b * kBoxCols, kv_head, tile * kAttnBlockN, batch,
-                      &k_full[st]);
-      };
-      auto load_v = [&](int it) {
-        const int st = it % L::kStages, tile = range.tile(it);
-        if (it >= L::kStages) Barrier::wait(&v_empty[st], ((it / L::kStages) - 1) & 1);
-        TxBarrier::arrive_and_expect_tx(&v_full[st], L::kKvBytes);
-        for (int b = 0; b < L::kBoxes; ++b)
-          tma_load_4d(v_s(st) + b * L::kKvBoxBytes, &p.v_map, b * kBoxCols, kv_head, tile * kAttnBlockN, batch,
-                      &v_full[st]);
-      };
-      for (int it = 0; it < range.n; ++it) {
-        load_k(it);
-        if (it > 0) load_v(it - 1);
+          tma_load_4d(q_s + b * L::kQBoxBytes, &p.q_map, b * kBoxCols, w.head, static_cast<int>(range.m0), w.batch,
+                      q_full);
+        // K of tile it, then V of tile it - 1: the order the consumers take them in (S of a tile is
+        // issued with P·V of the one before).
+        auto load_k = [&](int it) {
+          const int gi = g + it, st = gi % L::kStages, tile = range.tile(it);
+          if constexpr (Hooks::kWaits)
+            hooks.before_kv_tile(AttnTileWork{w.batch, w.head, w.kv_head, w.m_block, tile});
+          if (gi >= L::kStages) Barrier::wait(&k_empty[st], ((gi / L::kStages) - 1) & 1);
+          TxBarrier::arrive_and_expect_tx(&k_full[st], L::kKvBytes);
+          for (int b = 0; b < L::kBoxes; ++b)
+            tma_load_4d(k_s(st) + b * L::kKvBoxBytes, &p.k_map, b * kBoxCols, w.kv_head, tile * kAttnBlockN, w.batch,
+                        &k_full[st]);
+        };
+        auto load_v = [&](int it) {
+          const int gi = g + it, st = gi % L::kStages, tile = range.tile(it);
+          if (gi >= L::kStages) Barrier::wait(&v_empty[st], ((gi / L::kStages) - 1) & 1);
+          TxBarrier::arrive_and_expect_tx(&v_full[st], L::kKvBytes);
+          for (int b = 0; b < L::kBoxes; ++b)
+            tma_load_4d(v_s(st) + b * L::kKvBoxBytes, &p.v_map, b * kBoxCols, w.kv_head, tile * kAttnBlockN, w.batch,
+                        &v_full[st]);
+        };
+        for (int it = 0; it < range.n; ++it) {
+          load_k(it);
+          if (it > 0) load_v(it - 1);
+        }
+        if (range.n > 0) load_v(range.n - 1);
+        g += range.n;
+        if constexpr (!kPersistent) break;
       }
-      if (range.n > 0) load_v(range.n - 1);
     }
     return;
   }
@@ -322,33 +345,39 @@ __global__ void __launch_bounds__(kThreads, 1)
   cutlass::arch::warpgroup_reg_alloc<240>();
   const int wg = warpgroup - 1;  // 0 or 1: rows [64 wg, 64 wg + 64) of the block
   const int warp = tid / 32, lane = tid % 32;
-  const int64_t row0 = range.m0 + wg * kWgRows + warp * 16 + lane / 4;  // and row0 + 8
   const uint32_t q_wg = q_s + wg * kWgRows * kRowBytes;
 
   float o[L::kO];
   float s[64];
   uint32_t pf[32];  // P, the A fragments of the 8 k16 steps of P·V
-  RowState state;
+  int row0 = 0;  // this thread's first row of the item (and row0 + 8)
 
+  // NOTE: the operands' addresses pass through an empty asm, so their descriptors are formed at
+  // each issue: hoisted out of the item loop, the descriptors of every stage held ~90 registers and
+  // the consumers spilled.
   auto issue_s = [&](int st) {
+    uint32_t qa = q_wg, ka = k_s(st);
+    asm volatile("" : "+r"(qa), "+r"(ka));
     fence_regs(s);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
-      mma_ss<typename Mma::S>(desc_k_major(q_wg + (kk / 4) * L::kQBoxBytes + off),
-                              desc_k_major(k_s(st) + (kk / 4) * L::kKvBoxBytes + off), s, kk > 0,
+      mma_ss<typename Mma::S>(desc_k_major(qa + (kk / 4) * L::kQBoxBytes + off),
+                              desc_k_major(ka + (kk / 4) * L::kKvBoxBytes + off), s, kk > 0,
                               std::make_index_sequence<64>{});
     }
     cute::warpgroup_commit_batch();
   };
   auto issue_pv = [&](int st, bool accumulate) {
+    uint32_t va = v_s(st);
+    asm volatile("" : "+r"(va));
     fence_regs(o);
     fence_regs(pf);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kAttnBlockN / 16; ++kk)
-      mma_rs<typename Mma::PV>(&pf[4 * kk], desc_mn_major(v_s(st) + kk * 16 * kRowBytes), o, accumulate || kk > 0,
+      mma_rs<typename Mma::PV>(&pf[4 * kk], desc_mn_major(va + kk * 16 * kRowBytes), o, accumulate || kk > 0,
                                std::make_index_sequence<L::kO>{});
     cute::warpgroup_commit_batch();
   };
@@ -390,99 +419,111 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The two consumer warpgroups take turns issuing their MMAs (named barriers 3 and 4: "warpgroup
   // 0's turn", "warpgroup 1's"), so one's softmax runs while the other's MMAs hold the tensor cores.
   // Warpgroup 1 gives warpgroup 0 the first turn; each issue point waits for its own turn and passes
-  // it on (the last pass of warpgroup 1 is never taken up).
+  // it on (both take the same number of turns an item; warpgroup 1's last pass is never taken up).
   auto my_turn = [&]() { asm volatile("bar.sync %0, 256;" ::"r"(3 + wg) : "memory"); };
   auto pass_turn = [&]() { asm volatile("bar.arrive %0, 256;" ::"r"(4 - wg) : "memory"); };
   if (wg == 1) pass_turn();
 
-  TxBarrier::wait(q_full, 0);
-  if (range.n == 0) {
+  int g = 0;
+  for (int i = static_cast<int>(blockIdx.x), local = 0; i < p.items; i += static_cast<int>(gridDim.x), ++local) {
+    const AttnItem w = item_of(p, i);
+    const KvRange range(p, w.m_block);
+    row0 = static_cast<int>(range.m0) + wg * kWgRows + warp * 16 + lane / 4;
+    RowState state;
+    TxBarrier::wait(q_full, local & 1);
+    if (range.n == 0) {
 #pragma unroll
-    for (int i = 0; i < L::kO; ++i) o[i] = 0.f;
-  } else {
-    float c[2];
-    TxBarrier::wait(&k_full[0], 0);
-    my_turn();
-    issue_s(0);
-    pass_turn();
-    cute::warpgroup_wait<0>();
-    fence_regs(s);
-    release_k(0);
-    if (range.masked(p, range.tile(0))) mask(range.tile(0));
-    state.update(s, p.scale_log2, c);
-    pack_p();
-    for (int it = 1; it < range.n; ++it) {
-      const int st = it % L::kStages, prev = (it - 1) % L::kStages, tile = range.tile(it);
-      TxBarrier::wait(&k_full[st], (it / L::kStages) & 1);
-      TxBarrier::wait(&v_full[prev], ((it - 1) / L::kStages) & 1);
+      for (int v = 0; v < L::kO; ++v) o[v] = 0.f;
+    } else {
+      float c[2];
+      const int st0 = g % L::kStages;
+      TxBarrier::wait(&k_full[st0], (g / L::kStages) & 1);
       my_turn();
-      issue_s(st);
-      issue_pv(prev, it > 1);
+      issue_s(st0);
       pass_turn();
-      cute::warpgroup_wait<1>();  // S is in
+      cute::warpgroup_wait<0>();
       fence_regs(s);
-      release_k(st);
-      if (range.masked(p, tile)) mask(tile);
+      release_k(st0);
+      if (range.masked(p, range.tile(0))) mask(range.tile(0));
       state.update(s, p.scale_log2, c);
-      cute::warpgroup_wait<0>();  // P·V of the previous tile is done
-      fence_regs(o);
-      fence_regs(pf);
-      release_v(prev);
-      rescale_o(c);
       pack_p();
+      for (int it = 1; it < range.n; ++it) {
+        const int gi = g + it, st = gi % L::kStages, prev = (gi - 1) % L::kStages, tile = range.tile(it);
+        TxBarrier::wait(&k_full[st], (gi / L::kStages) & 1);
+        TxBarrier::wait(&v_full[prev], ((gi - 1) / L::kStages) & 1);
+        my_turn();
+        issue_s(st);
+        issue_pv(prev, it > 1);
+        pass_turn();
+        cute::warpgroup_wait<1>();  // S is in
+        fence_regs(s);
+        release_k(st);
+        if (range.masked(p, tile)) mask(tile);
+        state.update(s, p.scale_log2, c);
+        cute::warpgroup_wait<0>();  // P·V of the previous tile is done
+        fence_regs(o);
+        fence_regs(pf);
+        release_v(prev);
+        rescale_o(c);
+        pack_p();
+      }
+      const int gl = g + range.n - 1, last = gl % L::kStages;
+      TxBarrier::wait(&v_full[last], (gl / L::kStages) & 1);
+      my_turn();
+      issue_pv(last, range.n > 1);
+      pass_turn();
+      cute::warpgroup_wait<0>();
+      fence_regs(o);
+      release_v(last);
     }
-    const int last = (range.n - 1) % L::kStages;
-    TxBarrier::wait(&v_full[last], ((range.n - 1) / L::kStages) & 1);
-    my_turn();
-    issue_pv(last, range.n > 1);
-    pass_turn();
-    cute::warpgroup_wait<0>();
-    fence_regs(o);
-    release_v(last);
-  }
+    g += range.n;
 
-  // The epilogue: the quad's partial sums, O / l into this warpgroup's rows of Q's buffer (the
-  // swizzled box layout the O map stores from), lse from registers.
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = state.l[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
-    const int64_t row = row0 + 8 * r;
-    if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
-      const float lse = l > 0.f ? (state.m[r] * p.scale_log2 + __log2f(l)) * 0.69314718055994530942f : -INFINITY;
-      p.lse[batch * p.lse_stride_b + head * p.lse_stride_h + row * p.lse_stride_s] = lse;
-    }
-  }
-  uint8_t* q_wg_ptr = smem + wg * kWgRows * kRowBytes;
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    const int col = 8 * j + 2 * (lane % 4);
-    const int box = col / kBoxCols, byte = (col % kBoxCols) * 2;
+    // The epilogue: the quad's partial sums, O / l into this warpgroup's rows of Q's buffer (the
+    // swizzled box layout the O map stores from; every MMA reading them is done), lse from
+    // registers.
+    float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + lane / 4 + 8 * r;  // in the warpgroup's 64 rows
-      const int chunk = (byte / 16) ^ (row % 8);
-      *reinterpret_cast<uint32_t*>(q_wg_ptr + box * L::kQBoxBytes + row * kRowBytes + chunk * 16 + byte % 16) =
-          pack2<In>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      float l = state.l[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[r] = l > 0.f ? 1.f / l : 0.f;
+      const int row = row0 + 8 * r;
+      if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
+        const float lse = l > 0.f ? (state.m[r] * p.scale_log2 + __log2f(l)) * 0.69314718055994530942f : -INFINITY;
+        p.lse[w.batch * p.lse_stride_b + w.head * p.lse_stride_h + row * p.lse_stride_s] = lse;
+      }
     }
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-  if (tid == 0) {
-    for (int b = 0; b < L::kBoxes; ++b)
-      tma_store_4d(&p.o_map, q_wg + b * L::kQBoxBytes, b * kBoxCols, head,
-                   static_cast<int>(range.m0) + wg * kWgRows, batch);
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    if constexpr (Hooks::kNotifies) {
-      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the rows are in O ...
-      asm volatile("fence.proxy.async.global;" ::: "memory");    // ... before the hook's release
-      hooks.after_o_rows(AttnTileWork{batch, head, kv_head, m_block, -1, wg});
-    } else {
-      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory read out
+    uint8_t* q_wg_ptr = smem + wg * kWgRows * kRowBytes;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      const int box = col / kBoxCols, byte = (col % kBoxCols) * 2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * 16 + lane / 4 + 8 * r;  // in the warpgroup's 64 rows
+        const int chunk = (byte / 16) ^ (row % 8);
+        *reinterpret_cast<uint32_t*>(q_wg_ptr + box * L::kQBoxBytes + row * kRowBytes + chunk * 16 + byte % 16) =
+            pack2<In>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      }
     }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    if (tid == 0) {
+      for (int b = 0; b < L::kBoxes; ++b)
+        tma_store_4d(&p.o_map, q_wg + b * L::kQBoxBytes, b * kBoxCols, w.head,
+                     static_cast<int>(range.m0) + wg * kWgRows, w.batch);
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      if constexpr (Hooks::kNotifies) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the rows are in O ...
+        asm volatile("fence.proxy.async.global;" ::: "memory");    // ... before the hook's release
+        hooks.after_o_rows(AttnTileWork{w.batch, w.head, w.kv_head, w.m_block, -1, wg});
+      } else {
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // shared memory read out
+      }
+      Barrier::arrive(q_empty);  // the producer may load the next item's Q
+    }
+    if constexpr (!kPersistent) break;
   }
 #endif
 }
@@ -513,8 +554,11 @@ inline void encode_4d(CUtensorMap* map, DType dtype, const void* base, int d, in
              "sm90 attention: cuTensorMapEncodeTiled for " << what << " failed (CUresult " << static_cast<int>(r) << ")");
 }
 
+// num_sms: blocks of the persistent grid (one an SM), at most one an item; 0: a block an item,
+// the fastest on a whole GPU (measured 2026-12-04 on the H200, the persistent form on 132 SMs:
+// 9% slower without the mask, 10-17% with it; bench/results/2026-12-04_h200_attention.md).
 template <class In, int D, class Hooks>
-void launch_attention(const AttnArgs& a, const Hooks& hooks, cudaStream_t stream) {
+void launch_attention(const AttnArgs& a, const Hooks& hooks, int num_sms, cudaStream_t stream) {
   using L = AttnLayout<D>;
   AttnParams p{};
   const Strides qs = strides_of(a.q_stride_b, a.q_stride_s, a.q_stride_h, a.seq_q, a.heads_q, D);
@@ -548,8 +592,10 @@ void launch_attention(const AttnArgs& a, const Hooks& hooks, cudaStream_t stream
 
   p.kv_walk_from = a.kv_walk_from;
 
-  const dim3 grid(p.m_blocks, a.heads_q * a.batch);
-  auto* kernel = attention_kernel<In, D, Hooks, L::kStages>;
+  p.items = static_cast<int>(int64_t{p.m_blocks} * a.heads_q * a.batch);
+  const dim3 grid(num_sms > 0 ? std::min(p.items, num_sms) : p.items);
+  auto* kernel = num_sms > 0 ? attention_kernel<In, D, Hooks, L::kStages, true>
+                             : attention_kernel<In, D, Hooks, L::kStages, false>;
   TL_SM90_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
   kernel<<<grid, kThreads, L::kSmemBytes, stream>>>(p, hooks);
   TL_SM90_CUDA_CHECK(cudaGetLastError());
