@@ -27,6 +27,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +43,8 @@
 #include "cli.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/sm90/attention.hpp"
+#include "tilelink/ops/attention_cuda.hpp"
+#include "tilelink/runtime/world.hpp"
 #include "tilelink/core/dtype.hpp"
 #include "tilelink/core/error.hpp"
 
@@ -70,9 +74,19 @@ const std::vector<AttnShape> kSmallShapes = {
     {1, 2048, 16, 16, 64},
 };
 
-// "default", "small" or BxSxHqxHkvxD,...; a malformed item throws tilelink::Error.
+// bench sp_attn's default: the sequence-parallel shapes (the whole sequence, split over the ranks).
+const std::vector<AttnShape> kSpShapes = {
+    {1, 8192, 32, 8, 128},
+    {2, 8192, 32, 32, 128},
+    {1, 32768, 32, 8, 128},
+    {1, 131072, 32, 8, 128},
+    {1, 32768, 32, 32, 64},
+};
+
+// "default", "sp", "small" or BxSxHqxHkvxD,...; a malformed item throws tilelink::Error.
 std::vector<AttnShape> parse_shapes(const std::string& s) {
   if (s == "default") return kDefaultShapes;
+  if (s == "sp") return kSpShapes;
   if (s == "small") return kSmallShapes;
   std::vector<AttnShape> out;
   std::stringstream ss(s);
@@ -410,7 +424,151 @@ int bench_attention(Args& args) {
   return failed == 0 ? 0 : 1;
 }
 
+
+// ---- bench sp_attn: the fused op on virtual ranks ----------------------------------------------
+
+// Host wall time of fn() and the world's sync, in ms.
+template <class Fn>
+double timed_ms(tilelink::cuda::World& world, const char* what, Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  world.sync(what);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int bench_sp_attn(Args& args) {
+  namespace tlc = tilelink::cuda;
+  const std::vector<AttnShape> shapes = parse_shapes(args.get("--shapes", "sp"));
+  const std::vector<int64_t> worlds = args.get_int_list("--world", {2, 4, 8});
+  const std::string causal_opt = args.get("--causal", "both");
+  const int reps = static_cast<int>(args.get_int_in("--reps", 5, 1, 100000));
+  const int warmup = static_cast<int>(args.get_int_in("--warmup", 1, 0, 100000));
+  const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 1));
+  DType dtype = DType::kBF16;
+  TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &dtype) && dtype != DType::kF32,
+             "bench sp_attn: --dtype must be bf16 or fp16");
+  args.finish();
+  TL_REQUIRE(causal_opt == "no" || causal_opt == "yes" || causal_opt == "both",
+             "bench sp_attn: --causal must be no, yes or both, got '" << causal_opt << "'");
+  for (int64_t w : worlds) TL_REQUIRE(w >= 1 && w <= 8, "bench sp_attn: --world takes 1 to 8 ranks, got " << w);
+  std::vector<bool> masks;
+  if (causal_opt != "yes") masks.push_back(false);
+  if (causal_opt != "no") masks.push_back(true);
+  int devices = 0;
+  TL_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "bench sp_attn: needs a CUDA GPU (sm_90)");
+  cudaDeviceProp prop{};
+  TL_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# date %s; device %s, %d SMs; commit %s\n", utc_now().c_str(), prop.name, prop.multiProcessorCount,
+              source_commit().c_str());
+  std::printf(
+      "# bench sp_attn: %s, virtual ranks on one GPU (each its green context's SMs), contiguous even shards; "
+      "unfused = copy-engine AllGather of K and V, then the engine; fused = the engine waiting per key/value tile "
+      "beside the copy engine's tiles; comm / attn = the parts alone; ideal = max(comm, attn); overlap = (comm + "
+      "attn - fused) / min(comm, attn); ms: host wall medians of %d after %d warm-ups; check: fused and unfused "
+      "bit-identical on every rank\n",
+      std::string(dtype_name(dtype)).c_str(), reps, warmup);
+  std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused     comm     attn    ideal | speedup "
+              "overlap | check\n");
+  int failed = 0;
+  for (int64_t W : worlds) {
+    tlc::WorldOptions wo;
+    wo.transport = tlc::Transport::kVirtual;
+    wo.world_size = static_cast<int>(W);
+    tlc::World world(wo);
+    for (const AttnShape& sh : shapes) {
+      for (bool causal : masks) {
+        SpAttnShape shape;
+        shape.batch = sh.batch, shape.seq = sh.seq, shape.heads_q = sh.heads_q, shape.heads_kv = sh.heads_kv;
+        shape.head_dim = sh.head_dim, shape.causal = causal;
+        const RowPartition even = RowPartition::even(sh.seq, static_cast<int>(W));
+        std::vector<int64_t> segs;
+        for (int r = 0; r < W; ++r) segs.push_back(even.size(r));
+        const SeqSharding sharding = SeqSharding::make(SeqShard::kContiguous, sh.seq, static_cast<int>(W), segs);
+        tlc::SpAttn op(world, shape, sharding, dtype);
+        const int64_t eb = dtype_size(dtype);
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        std::vector<const void*> q(W), k(W), v(W);
+        std::vector<void*> o(W), o2(W);
+        std::vector<float*> lse(W), lse2(W);
+        for (int r = 0; r < W; ++r) {
+          world.bind(r);
+          const int64_t n = even.size(r), qe = sh.batch * n * sh.heads_q * sh.head_dim;
+          const int64_t ke = sh.batch * n * sh.heads_kv * sh.head_dim;
+          auto alloc = [&](int64_t bytes) {
+            keep.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(std::max<int64_t>(bytes, 16))));
+            return keep.back()->get();
+          };
+          void* qd = alloc(qe * eb);
+          void* kd = alloc(ke * eb);
+          void* vd = alloc(ke * eb);
+          fill_uniform(qd, dtype, qe, seed * 131 + r * 7 + 1, world.stream(r));
+          fill_uniform(kd, dtype, ke, seed * 131 + r * 7 + 2, world.stream(r));
+          fill_uniform(vd, dtype, ke, seed * 131 + r * 7 + 3, world.stream(r));
+          q[r] = qd, k[r] = kd, v[r] = vd;
+          o[r] = alloc(qe * eb), o2[r] = alloc(qe * eb);
+          lse[r] = static_cast<float*>(alloc(sh.batch * n * sh.heads_q * 4));
+          lse2[r] = static_cast<float*>(alloc(sh.batch * n * sh.heads_q * 4));
+          TL_CUDA_CHECK(cudaMemsetAsync(o[r], 0xff, qe * eb, world.stream(r)));
+          TL_CUDA_CHECK(cudaMemsetAsync(o2[r], 0xff, qe * eb, world.stream(r)));
+        }
+        world.sync("sp_attn inputs");
+        // the check: one fused and one unfused call, every rank's O and lse bit for bit
+        op.run(q, k, v, o, lse);
+        world.sync("sp_attn");
+        op.run_unfused(q, k, v, o2, lse2);
+        world.sync("sp_attn(unfused)");
+        bool same = true;
+        for (int r = 0; r < W; ++r) {
+          const int64_t n = even.size(r);
+          const size_t ob = static_cast<size_t>(sh.batch * n * sh.heads_q * sh.head_dim * eb);
+          const size_t lb = static_cast<size_t>(sh.batch * n * sh.heads_q * 4);
+          std::vector<std::byte> a(ob + lb), b(ob + lb);
+          world.bind(r);
+          TL_CUDA_CHECK(cudaMemcpy(a.data(), o[r], ob, cudaMemcpyDeviceToHost));
+          TL_CUDA_CHECK(cudaMemcpy(b.data(), o2[r], ob, cudaMemcpyDeviceToHost));
+          TL_CUDA_CHECK(cudaMemcpy(a.data() + ob, lse[r], lb, cudaMemcpyDeviceToHost));
+          TL_CUDA_CHECK(cudaMemcpy(b.data() + ob, lse2[r], lb, cudaMemcpyDeviceToHost));
+          same = same && a == b;
+          for (size_t i = 0; i + 1 < ob && same; i += 2) same = !(a[i] == std::byte{0xff} && a[i + 1] == std::byte{0xff});
+        }
+        std::vector<double> t_unfused, t_fused, t_comm, t_attn;
+        for (int i = 0; i < warmup + reps; ++i) {
+          const double tu = timed_ms(world, "sp_attn(unfused)", [&] { op.run_unfused(q, k, v, o2, lse2); });
+          const double tf = timed_ms(world, "sp_attn", [&] { op.run(q, k, v, o, lse); });
+          const double tc = W > 1 ? timed_ms(world, "sp_attn comm", [&] { op.run_comm_only(k, v); }) : 0.0;
+          const double ta =
+              W > 1 ? timed_ms(world, "sp_attn attention", [&] { op.run_attention_only(q, o, lse); }) : tf;
+          if (i < warmup) continue;
+          t_unfused.push_back(tu), t_fused.push_back(tf), t_comm.push_back(tc), t_attn.push_back(ta);
+        }
+        const double u = median_of(t_unfused), f = median_of(t_fused), c = median_of(t_comm), a = median_of(t_attn);
+        const double overlap = W > 1 && std::min(c, a) > 0 ? (c + a - f) / std::min(c, a) : 0.0;
+        std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f %8.3f %8.3f %8.3f | %7.3f %7.2f | %s\n",
+                    (long long)W, sh.batch, (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim,
+                    causal ? "yes" : "no", u, f, c, a, std::max(c, a), u / f, overlap, same ? "ok" : "FAIL");
+        std::fflush(stdout);
+        if (!same) ++failed;
+      }
+    }
+  }
+  std::printf(failed ? "# FAIL: %d shapes\n" : "# check passed\n", failed);
+  return failed ? 1 : 0;
+}
 }  // namespace
+
+TILELINK_REGISTER_COMMAND(
+    {"bench sp_attn",
+     "[--world 2,4,8] [--shapes sp|small|BxSxHqxHkvxD,...] [--causal no|yes|both] [--reps R] [--warmup W] "
+     "[--seed S] [--dtype bf16|fp16]",
+     "sequence-parallel attention (AllGather of K and V + the attention engine, waiting per tile) on "
+     "virtual ranks of one GPU, against its unfused baseline and its parts; fused and unfused checked "
+     "bit for bit",
+     &bench_sp_attn,
+     {}});
 
 TILELINK_REGISTER_COMMAND(
     {"bench attention",

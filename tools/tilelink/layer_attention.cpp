@@ -20,10 +20,15 @@ namespace tilelink::cli {
 
 namespace {
 
+AttnGpu& attn_gpu() {
+  static AttnGpu gpu;
+  return gpu;
+}
+
 const char* kAttnUsage =
     "[--batch B] [--seq S] [--heads Hq] [--kv-heads Hkv] [--head-dim D] [--causal] "
     "[--shard contiguous|zigzag] [--seq-split c0,c1,... (contiguous: each rank's positions)] [--world W] "
-    "[--dtype bf16|fp16|fp32] [--seed S] [--iters I] [--tolerance E] [--backend auto|cpu]";
+    "[--dtype bf16|fp16|fp32] [--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda (cuda: virtual ranks on one GPU)]";
 
 class AttnProblem final : public LayerProblem {
  public:
@@ -67,15 +72,51 @@ class AttnProblem final : public LayerProblem {
   double default_tolerance() const override { return dtype_ == DType::kF32 ? 1e-5 : 2e-2; }
 
   CpuOutcome check_cpu(const LayerRun& run) const override {
+    cpu::World world(world_);
+    std::unique_ptr<cpu::SpAttn> gather;
+    std::unique_ptr<cpu::RingAttn> ring;
+    if (ring_) ring = std::make_unique<cpu::RingAttn>(world, shape_, sharding_, dtype_);
+    else gather = std::make_unique<cpu::SpAttn>(world, shape_, sharding_, dtype_, SpAttnConfig{});
+    return check(run, [&](bool fused, const Shards& qs, const Shards& ks, const Shards& vs, Shards& o_,
+                          std::vector<std::vector<float>>& l_) {
+      auto on_rank = [&](cpu::RankContext& ctx) {
+        const int r = ctx.rank;
+        if (ring_ && fused) ring->run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
+        if (ring_ && !fused) ring->run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
+        if (!ring_ && fused) gather->run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
+        if (!ring_ && !fused) gather->run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
+      };
+      return time_ms([&] { world.run(on_rank); });
+    });
+  }
+
+  std::string cuda_refusal() const override {
+    if (!attn_gpu().refusal) return "it has no CUDA implementation in this build";
+    return attn_gpu().refusal(gpu_problem());
+  }
+
+  CpuOutcome check_cuda(const LayerRun& run) const override {
+    const std::string why = cuda_refusal();
+    TL_REQUIRE(why.empty(), name_ << " --backend cuda: " << why);
+    std::unique_ptr<AttnGpuRunner> gpu = attn_gpu().make(gpu_problem());
+    return check(run, [&](bool fused, const Shards& qs, const Shards& ks, const Shards& vs, Shards& o_,
+                          std::vector<std::vector<float>>& l_) { return gpu->run(fused, qs, ks, vs, o_, l_); });
+  }
+
+ private:
+  using Shards = std::vector<std::vector<std::byte>>;
+  using CallOp = std::function<double(bool fused, const Shards& q, const Shards& k, const Shards& v, Shards& o,
+                                      std::vector<std::vector<float>>& lse)>;
+
+  AttnGpuProblem gpu_problem() const { return {ring_, world_, shape_, sharding_, dtype_}; }
+
+  // run.iters calls of the fused op and of its unfused baseline through call_op, on fresh random
+  // inputs, outputs poisoned: fused against unfused bit for bit, both against float64.
+  CpuOutcome check(const LayerRun& run, const CallOp& call_op) const {
     std::mt19937_64 rng(run.seed);
     const int W = world_;
     const SpAttnShape& s = shape_;
     const int64_t eb = dtype_size(dtype_), d = s.head_dim, qrow = s.heads_q * d, kvrow = s.heads_kv * d;
-    cpu::World world(W);
-    std::unique_ptr<cpu::SpAttn> gather;
-    std::unique_ptr<cpu::RingAttn> ring;
-    if (ring_) ring = std::make_unique<cpu::RingAttn>(world, s, sharding_, dtype_);
-    else gather = std::make_unique<cpu::SpAttn>(world, s, sharding_, dtype_, SpAttnConfig{});
     std::vector<int64_t> pos(s.seq);
     std::iota(pos.begin(), pos.end(), 0);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -104,18 +145,8 @@ class AttnProblem final : public LayerProblem {
         poison(out[r]), poison(out2[r]);
         lse[r].assign(std::max<int64_t>(s.batch * sharding_.rows.size(r) * s.heads_q, 1), NAN), lse2[r] = lse[r];
       }
-      auto call_op = [&](bool fused, std::vector<std::vector<std::byte>>& o_, std::vector<std::vector<float>>& l_) {
-        auto on_rank = [&](cpu::RankContext& ctx) {
-          const int r = ctx.rank;
-          if (ring_ && fused) ring->run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
-          if (ring_ && !fused) ring->run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
-          if (!ring_ && fused) gather->run(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
-          if (!ring_ && !fused) gather->run_unfused(ctx, qs[r].data(), ks[r].data(), vs[r].data(), o_[r].data(), l_[r].data());
-        };
-        return time_ms([&] { world.run(on_rank); });
-      };
-      t_fused.push_back(call_op(true, out, lse));
-      t_unfused.push_back(call_op(false, out2, lse2));
+      t_fused.push_back(call_op(true, qs, ks, vs, out, lse));
+      t_unfused.push_back(call_op(false, qs, ks, vs, out2, lse2));
       for (int r = 0; r < W; ++r) {
         o.identical = o.identical && out[r] == out2[r] &&
                       std::memcmp(lse[r].data(), lse2[r].data(), lse[r].size() * sizeof(float)) == 0;
@@ -152,7 +183,6 @@ class AttnProblem final : public LayerProblem {
     return o;
   }
 
- private:
   bool ring_;
   std::string name_;
   int world_ = 1;
@@ -174,6 +204,8 @@ LayerOpSpec attn_spec(bool ring, const char* name, const char* summary) {
 }
 
 }  // namespace
+
+void attach_attn_gpu(AttnGpu gpu) { attn_gpu() = std::move(gpu); }
 
 TILELINK_REGISTER_LAYER_OP(attn_spec(false, "sp_attn",
                                      "sequence-parallel attention: AllGather of K and V + attention, tile by tile"));

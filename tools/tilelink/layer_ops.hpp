@@ -15,6 +15,7 @@
 #include "cli.hpp"
 #include "op_check.hpp"
 #include "tilelink/core/dtype.hpp"
+#include "tilelink/ops/attention_plan.hpp"
 
 namespace tilelink::cli {
 
@@ -61,6 +62,31 @@ struct MoeGpuCall {
 using MoeGpuRun = std::function<double(const MoeGpuCall& call, bool fused, std::byte* out)>;
 void attach_moe_gpu(MoeGpuRun run);
 void attach_moe_layers_cuda();  // layer_moe_cuda.cu (CUDA builds): attach_moe_gpu(the GPU's run)
+
+// The GPU side of the attention layer ops (layer_attention_cuda.cu): a world of `world` virtual
+// ranks on one GPU and the op, made once per check; run() copies every rank's shards in, runs the
+// fused call or its unfused baseline, copies o and lse ([B, S_r, Hq]) back, and returns the call's
+// GPU milliseconds. cuda_refusal(): empty where the build and the problem have a CUDA form.
+struct AttnGpuProblem {
+  bool ring = false;
+  int world = 1;
+  SpAttnShape shape;
+  SeqSharding sharding;
+  DType dtype = DType::kBF16;
+};
+class AttnGpuRunner {
+ public:
+  virtual ~AttnGpuRunner() = default;
+  virtual double run(bool fused, const std::vector<std::vector<std::byte>>& q,
+                     const std::vector<std::vector<std::byte>>& k, const std::vector<std::vector<std::byte>>& v,
+                     std::vector<std::vector<std::byte>>& o, std::vector<std::vector<float>>& lse) = 0;
+};
+struct AttnGpu {
+  std::function<std::string(const AttnGpuProblem&)> refusal;
+  std::function<std::unique_ptr<AttnGpuRunner>(const AttnGpuProblem&)> make;
+};
+void attach_attn_gpu(AttnGpu gpu);
+void attach_attention_layers_cuda();  // layer_attention_cuda.cu (CUDA builds)
 
 struct LayerOpSpec {
   std::string name;

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
 #if defined(TILELINK_HAS_CUDA)
   attach_cuda_ops();
   attach_moe_layers_cuda();
+  attach_attention_layers_cuda();
 #endif
   register_op_commands();
   std::vector<std::string> words(argv + 1, argv + argc);
