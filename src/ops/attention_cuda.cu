@@ -30,9 +30,23 @@ struct SpAttnWaitHooks {
   Field<Signal> k_ready, v_ready;
   SegmentTiling comm;
   int64_t seq = 0;  // the keys the engine reads (a tile's rows past them are never waited for)
+  int64_t walk_from = 0;  // the engine's kv_walk_from
   Epoch call;  // read per tile: a graph replay's epoch is on the device
 
-  __device__ void before_kv_tile(const sm90::AttnTileWork& w) const {
+  // Steps of the walk from walk_from's tile (down, then on from the last tile) the load thread has
+  // seen in place. The comm program moves and announces the rows in that walk's order (own rows,
+  // then rank - 1's, ...), so once a step's tiles are in, every earlier step's are: each comm tile
+  // is waited for about once a block, not once an item.
+  struct State {
+    int known = 0;
+  };
+
+  __device__ void before_kv_tile(const sm90::AttnTileWork& w, State& state) const {
+    const int tiles = static_cast<int>((seq + sm90::kAttnBlockN - 1) / sm90::kAttnBlockN);
+    const int start = static_cast<int>(walk_from / sm90::kAttnBlockN);
+    const int step = ((start - w.kv_tile) % tiles + tiles) % tiles;
+    if (step < state.known) return;
+    state.known = step + 1;
     const int64_t first = int64_t{w.kv_tile} * sm90::kAttnBlockN;
     const IdRange ids = comm.covering(RowRange{first, first + sm90::kAttnBlockN < seq ? first + sm90::kAttnBlockN : seq});
     const uint64_t target = call.value();
@@ -92,7 +106,7 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
     a.head_dim = static_cast<int>(shape.head_dim), a.dtype = dtype, a.causal = shape.causal;
     const SpAttnPlan& p = plans_[r];
     SpAttnWaitHooks pass{world.device_context(r), rt_->view(r), p.k[0].f.tile_ready, p.v[0].f.tile_ready,
-                         p.k[0].tiles, shape.seq, Epoch{0}};
+                         p.k[0].tiles, shape.seq, 0, Epoch{0}};
     launch_engine(a, pass, 1, world.stream(r));
     TL_CUDA_CHECK(cudaStreamSynchronize(world.stream(r)));
     TL_CUDA_CHECK(cudaFree(buf));
@@ -151,7 +165,7 @@ void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool h
       continue;
     }
     SpAttnWaitHooks wait{world_.device_context(r), rt_->view(r), p.k[b].f.tile_ready, p.v[b].f.tile_ready,
-                         p.k[b].tiles, a.seq_k, rt_->epoch(r)};
+                         p.k[b].tiles, a.seq_k, a.kv_walk_from, rt_->epoch(r)};
     launch_engine(a, wait, sms, stream);
   }
 }
@@ -163,21 +177,17 @@ void SpAttn::enqueue_comm(int r, const void* k, const void* v) {
   const uint64_t epoch = rt_->value(r);
   x.barrier(p.barrier, epoch);
   const int64_t block = p.local_rows() * p.kv_row_bytes();  // a batch entry of this rank's K or V
+  // A segment a move (the copy engine's per-operation cost: a move a 128-row tile left it idle
+  // most of the time), in the attention's walk: the own rows, then rank - 1's, ...; under the mask,
+  // later ranks' rows are never read and never moved.
   for (int b = 0; b < p.shape.batch; ++b) {
-    const AllGatherPlan& kp = p.k[b];
-    const int tiles = kp.tiles.num_tiles();
     const auto* kb = static_cast<const std::byte*>(k) + b * block;
     const auto* vb = static_cast<const std::byte*>(v) + b * block;
-    // The attention's walk: own tiles, then rank - 1's, ... each from its last tile down; under
-    // the mask, later ranks' rows are never read.
     for (int s = 0; s < W; ++s) {
       const int owner = ((r - s) % W + W) % W;
       if (p.shape.causal && owner > r) continue;
-      for (int t = kp.tiles.first[owner + 1] - 1; t >= kp.tiles.first[owner]; --t) {
-        const int item = ((t - kp.tiles.first[r]) % tiles + tiles) % tiles;  // pull_tile_at(item) == t
-        allgather_item(x, kp, item, epoch, kb);
-        allgather_item(x, p.v[b], item, epoch, vb);
-      }
+      allgather_pull_segment(x, p.k[b], owner, epoch, kb);
+      allgather_pull_segment(x, p.v[b], owner, epoch, vb);
     }
   }
 }

@@ -2,12 +2,12 @@
 // ops/attention_plan.hpp (shared with the CPU), its comm program on the copy engine and the sm90
 // attention engine (compute/sm90/attention.hpp) with a wait before each key/value tile.
 //
-//   comm program     per rank on the rank's stream: the entry barrier, then per batch entry every
-//                    comm tile of K and of V in the pull program (comm/allgather.hpp: wait for the
-//                    owner's tile_ready, copy into the gathered buffer, announce it), in the order
-//                    the attention walks them: this rank's tiles first, then rank - 1's, - 2's, ...
-//                    (each from its last tile down). Under `causal` the tiles of later ranks are
-//                    never needed and never moved.
+//   comm program     per rank on the rank's stream: the entry barrier, then per batch entry each
+//                    rank's segment of K and of V by the AllGather plan's segment pull
+//                    (comm/allgather.hpp, allgather_pull_segment: one move a segment, its 128-row
+//                    comm tiles announced from the last down), in the order the attention walks
+//                    them: this rank's rows first, then rank - 1's, - 2's, ... Under `causal` the
+//                    rows of later ranks are never needed and never moved.
 //   compute program  per batch entry, the engine on the rank's second stream, persistent on the
 //                    rank's SMs less the copies' spare ones: its queries at their positions
 //                    (q_pos0 = the shard's first), the gathered K and V at theirs, its key/value

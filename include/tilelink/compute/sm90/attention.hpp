@@ -83,14 +83,17 @@ struct AttnTileWork {
   int half = 0;
 };
 
-// The plain engine's hooks (none). A Hooks type has kWaits and kNotifies and, for those set,
-// `__device__ void before_kv_tile(const AttnTileWork&) const` / `after_o_rows(...) const`; like the
-// GEMM engine's, a hook must make no function call (quiet waits: backend/cuda/prim.cuh).
+// The plain engine's hooks (none). A Hooks type has kWaits and kNotifies, a State type (the load
+// thread's own, made once a block and kept across its items: what its waits have already seen) and,
+// for those set, `__device__ void before_kv_tile(const AttnTileWork&, State&) const` /
+// `after_o_rows(const AttnTileWork&) const`; like the GEMM engine's, a hook must make no function
+// call (quiet waits: backend/cuda/prim.cuh).
 struct NoAttnHooks {
   static constexpr bool kWaits = false;
   static constexpr bool kNotifies = false;
+  struct State {};
 #if defined(__CUDACC__)
-  __device__ void before_kv_tile(const AttnTileWork&) const {}
+  __device__ void before_kv_tile(const AttnTileWork&, State&) const {}
   __device__ void after_o_rows(const AttnTileWork&) const {}
 #endif
 };

@@ -302,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<24>();
     if (tid == 0) {
       int g = 0;
+      typename Hooks::State hook_state{};  // the load thread's, across the block's items
       for (int i = static_cast<int>(blockIdx.x), local = 0; i < p.items; i += static_cast<int>(gridDim.x), ++local) {
         const AttnItem w = item_of(p, i);
         const KvRange range(p, w.m_block);
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto load_k = [&](int it) {
           const int gi = g + it, st = gi % L::kStages, tile = range.tile(it);
           if constexpr (Hooks::kWaits)
-            hooks.before_kv_tile(AttnTileWork{w.batch, w.head, w.kv_head, w.m_block, tile});
+            hooks.before_kv_tile(AttnTileWork{w.batch, w.head, w.kv_head, w.m_block, tile}, hook_state);
           if (gi >= L::kStages) Barrier::wait(&k_empty[st], ((gi / L::kStages) - 1) & 1);
           TxBarrier::arrive_and_expect_tx(&k_full[st], L::kKvBytes);
           for (int b = 0; b < L::kBoxes; ++b)
