@@ -75,11 +75,13 @@ const std::vector<AttnShape> kSmallShapes = {
 };
 
 // bench sp_attn's default: the sequence-parallel shapes (the whole sequence, split over the ranks).
+// NOTE: S = 65536 and 131072 over two virtual ranks failed on the H200 (no row within 60 s alone;
+// after a smaller shape, an unspecified launch failure at the fused call's first enqueue), not yet
+// understood (bench/notes/attention.md); they are left out until it is.
 const std::vector<AttnShape> kSpShapes = {
     {1, 8192, 32, 8, 128},
     {2, 8192, 32, 32, 128},
     {1, 32768, 32, 8, 128},
-    {1, 131072, 32, 8, 128},
     {1, 32768, 32, 32, 64},
 };
 

@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Persistent: block b takes items b, b + gridDim.x, ... (AttnItem: the query blocks fastest). The
   // key/value ring runs on across items: g counts the block's tiles.
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<24>();
+    cutlass::arch::warpgroup_reg_dealloc<40>();
     if (tid == 0) {
       int g = 0;
       typename Hooks::State hook_state{};  // the load thread's, across the block's items
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<240>();
+  cutlass::arch::warpgroup_reg_alloc<232>();
   const int wg = warpgroup - 1;  // 0 or 1: rows [64 wg, 64 wg + 64) of the block
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t q_wg = q_s + wg * kWgRows * kRowBytes;
