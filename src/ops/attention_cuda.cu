@@ -11,6 +11,8 @@
 #include "tilelink/compute/sm90/impl/attention_kernel.cuh"
 #include "tilelink/core/error.hpp"
 
+#include <algorithm>
+
 namespace tilelink::cuda {
 
 using detail::LaunchOrder;
@@ -83,8 +85,13 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
              "sp_attn on the CUDA backend takes bf16 or fp16, got " << dtype_name(dtype));
   TL_REQUIRE(shape.head_dim == 64 || shape.head_dim == 128,
              "sp_attn on the CUDA backend takes head dim 64 or 128, got " << shape.head_dim);
+  // A comm tile is a rank's whole segment: the copy engine moves it in one operation and announces
+  // it with one. NOTE: with 128-row comm tiles (a move, or an announcement, a tile) a call put
+  // ~1000 stream operations a rank in flight at S 65536 over two ranks, and the host's enqueue
+  // blocked on the full queue behind a stream wait for a peer whose operations it had not yet
+  // enqueued: the call never ran (measured on the H200; a move a tile was also ~25 us an operation).
   SpAttnConfig config;
-  config.comm_tile_rows = sm90::kAttnBlockN;  // a key/value tile waits on at most two comm tiles
+  config.comm_tile_rows = static_cast<int>(std::max<int64_t>(1, sharding.rows.max_size()));
   for (int r = 0; r < W; ++r) plans_.push_back(SpAttnPlan::make(r, shape, sharding, dtype, config));
   Agreement agreement("sp_attn");
   agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("S rows", sharding.rows);
@@ -177,17 +184,21 @@ void SpAttn::enqueue_comm(int r, const void* k, const void* v) {
   const uint64_t epoch = rt_->value(r);
   x.barrier(p.barrier, epoch);
   const int64_t block = p.local_rows() * p.kv_row_bytes();  // a batch entry of this rank's K or V
-  // A segment a move (the copy engine's per-operation cost: a move a 128-row tile left it idle
-  // most of the time), in the attention's walk: the own rows, then rank - 1's, ...; under the mask,
-  // later ranks' rows are never read and never moved.
+  // The AllGather plan's pull items (a rank's segment each) in the attention's walk: the own
+  // rows, then rank - 1's, ...; under the mask, later ranks' rows are never read and never moved.
   for (int b = 0; b < p.shape.batch; ++b) {
+    const AllGatherPlan& kp = p.k[b];
+    const int tiles = kp.tiles.num_tiles();
     const auto* kb = static_cast<const std::byte*>(k) + b * block;
     const auto* vb = static_cast<const std::byte*>(v) + b * block;
     for (int s = 0; s < W; ++s) {
       const int owner = ((r - s) % W + W) % W;
       if (p.shape.causal && owner > r) continue;
-      allgather_pull_segment(x, p.k[b], owner, epoch, kb);
-      allgather_pull_segment(x, p.v[b], owner, epoch, vb);
+      for (int t = kp.tiles.first[owner + 1] - 1; t >= kp.tiles.first[owner]; --t) {  // one, or none
+        const int item = ((t - kp.tiles.first[r]) % tiles + tiles) % tiles;       // pull_tile_at(item) == t
+        allgather_item(x, kp, item, epoch, kb);
+        allgather_item(x, p.v[b], item, epoch, vb);
+      }
     }
   }
 }

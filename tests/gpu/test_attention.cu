@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/gpu.hpp"
 #include "../support/random.hpp"
 #include "../support/refused.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -44,37 +45,7 @@ constexpr double kLseTol = 1e-3;                        // lse: |got - want| (na
 constexpr double kRowTol = 2e-2;
 constexpr int64_t kGuard = 64;  // elements past the last one of every tensor (must stay untouched)
 
-// Device memory freed with the object.
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    TL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16)));
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  void put(const void* host, size_t n) {
-    if (n) TL_CUDA_CHECK(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice));
-  }
-  void get(void* host, size_t n) const {
-    if (n) TL_CUDA_CHECK(cudaMemcpy(host, p, n, cudaMemcpyDeviceToHost));
-  }
-  template <class T>
-  void put(const std::vector<T>& h) {
-    put(h.data(), h.size() * sizeof(T));
-  }
-  template <class T>
-  std::vector<T> get(size_t count) const {
-    std::vector<T> h(count);
-    get(h.data(), count * sizeof(T));
-    return h;
-  }
-};
+using test::DeviceBuffer;
 
 // ---- layouts ------------------------------------------------------------------------------------
 

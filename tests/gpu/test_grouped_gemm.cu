@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/gpu.hpp"
 #include "../support/random.hpp"
 #include "../support/refused.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -35,37 +36,7 @@ using namespace tilelink;
 using namespace tilelink::compute::sm90;
 using Bytes = std::vector<std::byte>;
 
-// Device memory freed with the object.
-struct DeviceBuffer {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    TL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16)));
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  void put(const void* host, size_t n) {
-    if (n) TL_CUDA_CHECK(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice));
-  }
-  void get(void* host, size_t n) const {
-    if (n) TL_CUDA_CHECK(cudaMemcpy(host, p, n, cudaMemcpyDeviceToHost));
-  }
-  template <class T>
-  void put(const std::vector<T>& h) {
-    put(h.data(), h.size() * sizeof(T));
-  }
-  template <class T>
-  std::vector<T> get(size_t count) const {
-    std::vector<T> h(count);
-    get(h.data(), count * sizeof(T));
-    return h;
-  }
-};
+using test::DeviceBuffer;
 
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> off{0};

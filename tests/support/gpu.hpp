@@ -3,7 +3,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <vector>
 
 #include "refused.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -25,6 +28,37 @@ inline double time_scale() {
   const double s = v ? std::atof(v) : 1.0;
   return s >= 1.0 ? s : 1.0;
 }
+
+// Device memory freed with the object (at least 16 bytes, so an empty tensor has a valid pointer),
+// with typed views and host copies in and out.
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) { TL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  void put(const void* host, size_t n) {
+    if (n) TL_CUDA_CHECK(cudaMemcpy(p, host, n, cudaMemcpyHostToDevice));
+  }
+  void get(void* host, size_t n) const {
+    if (n) TL_CUDA_CHECK(cudaMemcpy(host, p, n, cudaMemcpyDeviceToHost));
+  }
+  template <class T>
+  void put(const std::vector<T>& h) {
+    put(h.data(), h.size() * sizeof(T));
+  }
+  template <class T>
+  std::vector<T> get(size_t count) const {
+    std::vector<T> h(count);
+    get(h.data(), count * sizeof(T));
+    return h;
+  }
+};
 
 }  // namespace tilelink::test
 

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "device_buffer.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/sm90/attention.hpp"
 #include "tilelink/ops/attention_cuda.hpp"
@@ -75,9 +76,9 @@ const std::vector<AttnShape> kSmallShapes = {
 };
 
 // bench sp_attn's default: the sequence-parallel shapes (the whole sequence, split over the ranks).
-// NOTE: S = 65536 and 131072 over two virtual ranks failed on the H200 (no row within 60 s alone;
-// after a smaller shape, an unspecified launch failure at the fused call's first enqueue), not yet
-// understood (bench/notes/attention.md); they are left out until it is.
+// NOTE: S = 65536 and 131072 over two virtual ranks failed on the H200 (the comm program's stream
+// operations filled the queue; bench/notes/attention.md); the fix has not run on a GPU yet, so they
+// are left out of the default until it has.
 const std::vector<AttnShape> kSpShapes = {
     {1, 8192, 32, 8, 128},
     {2, 8192, 32, 32, 128},
@@ -115,50 +116,6 @@ std::vector<AttnShape> parse_shapes(const std::string& s) {
   }
   TL_REQUIRE(!out.empty(), "bench attention: --shapes is empty");
   return out;
-}
-
-// Device memory of one shape, freed when the shape ends (also when it throws).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) TL_CUDA_CHECK(cudaMalloc(&p_, bytes));
-  }
-  ~DeviceBuffer() {
-    if (p_ != nullptr) (void)cudaFree(p_);  // NOTE: unchecked: a destructor must not throw
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-
-// p[i] uniform in [-1, 1) from a hash of (seed, i) (splitmix64's finalizer): no state, no host
-// round trip, the same values for any launch shape.
-template <class T>
-__global__ void fill_uniform_kernel(T* p, int64_t count, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    store(p + i, static_cast<float>(x >> 40) * 0x1p-23f - 1.0f);
-  }
-}
-
-void fill_uniform(void* p, DType t, int64_t count, uint64_t seed, cudaStream_t s) {
-  if (t == DType::kBF16)
-    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), count, seed);
-  else
-    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__half*>(p), count, seed);
-  TL_CUDA_CHECK(cudaGetLastError());
 }
 
 // The run's header line: UTC date, device, the commit ($TILELINK_COMMIT, else `git rev-parse` in
@@ -355,9 +312,9 @@ int bench_attention(Args& args) {
       DeviceBuffer q(q_elems * es), k(kv_elems * es), v(kv_elems * es), o(q_elems * es),
           lse(lse_elems * sizeof(float));
       const uint64_t shape_seed = seed * 0x100000001B3ull + si * 0x9E37ull + (causal ? 1 : 0);
-      fill_uniform(q.get(), dtype, q_elems, shape_seed ^ 0x51ull, stream);
-      fill_uniform(k.get(), dtype, kv_elems, shape_seed ^ 0x4Bull, stream);
-      fill_uniform(v.get(), dtype, kv_elems, shape_seed ^ 0x56ull, stream);
+      fill_uniform(q.get(), dtype, q_elems, shape_seed ^ 0x51ull, 1.0f, stream);
+      fill_uniform(k.get(), dtype, kv_elems, shape_seed ^ 0x4Bull, 1.0f, stream);
+      fill_uniform(v.get(), dtype, kv_elems, shape_seed ^ 0x56ull, 1.0f, stream);
       TL_CUDA_CHECK(cudaMemsetAsync(o.get(), 0xff, o.bytes(), stream));  // NaN everywhere
       TL_CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xff, lse.bytes(), stream));
 
@@ -507,9 +464,9 @@ int bench_sp_attn(Args& args) {
           void* qd = alloc(qe * eb);
           void* kd = alloc(ke * eb);
           void* vd = alloc(ke * eb);
-          fill_uniform(qd, dtype, qe, seed * 131 + r * 7 + 1, world.stream(r));
-          fill_uniform(kd, dtype, ke, seed * 131 + r * 7 + 2, world.stream(r));
-          fill_uniform(vd, dtype, ke, seed * 131 + r * 7 + 3, world.stream(r));
+          fill_uniform(qd, dtype, qe, seed * 131 + r * 7 + 1, 1.0f, world.stream(r));
+          fill_uniform(kd, dtype, ke, seed * 131 + r * 7 + 2, 1.0f, world.stream(r));
+          fill_uniform(vd, dtype, ke, seed * 131 + r * 7 + 3, 1.0f, world.stream(r));
           q[r] = qd, k[r] = kd, v[r] = vd;
           o[r] = alloc(qe * eb), o2[r] = alloc(qe * eb);
           lse[r] = static_cast<float*>(alloc(sh.batch * n * sh.heads_q * 4));

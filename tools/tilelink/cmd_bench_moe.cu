@@ -59,6 +59,7 @@
 
 #include "bench_moe_models.hpp"
 #include "cli.hpp"
+#include "device_buffer.hpp"
 #include "moe_sampled_reference.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_gemm.hpp"
@@ -89,25 +90,6 @@ double tolerance(MoeBenchOp op) {
 // 8-element chunks).
 int64_t ffn_shard(int64_t ffn, int64_t world) { return ((ffn + world - 1) / world + 7) / 8 * 8; }
 
-// Device memory of one case, freed when the case ends (also when it throws).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) CK(cudaMalloc(&p_, bytes));
-  }
-  ~DeviceBuffer() {
-    if (p_ != nullptr) (void)cudaFree(p_);  // NOTE: unchecked: a destructor must not throw
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return p_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 // Pinned host memory (the per-expert loop's copy of the offsets).
 class PinnedBuffer {
  public:
@@ -120,31 +102,6 @@ class PinnedBuffer {
  private:
   void* p_ = nullptr;
 };
-
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-
-// p[i] uniform in [-scale, scale) from a hash of (seed, i) (splitmix64's finalizer): no state, the
-// same values for any launch shape.
-template <class T>
-__global__ void fill_uniform_kernel(T* p, int64_t count, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    store(p + i, scale * (static_cast<float>(x >> 40) * 0x1p-23f - 1.0f));
-  }
-}
-
-void fill_uniform(void* p, DType t, int64_t count, uint64_t seed, float scale, cudaStream_t s) {
-  if (t == DType::kBF16)
-    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), count, seed, scale);
-  else
-    fill_uniform_kernel<<<1024, 256, 0, s>>>(static_cast<__half*>(p), count, seed, scale);
-  CK(cudaGetLastError());
-}
 
 // Row-major C [m, n] = A [m, k] · B [n, k]ᵀ in fp32 compute. NOTE: cuBLAS is column-major, so it
 // computes Cᵀ = B · Aᵀ with B read transposed (as bench gemm calls it).

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "device_buffer.hpp"
 #include "layer_ops.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/ops/attention_cuda.hpp"
@@ -17,13 +18,6 @@ namespace {
 
 namespace tlc = tilelink::cuda;
 
-struct DeviceBytes {
-  void* p = nullptr;
-  explicit DeviceBytes(size_t bytes) { TL_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
-  ~DeviceBytes() { cudaFree(p); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-};
 
 std::string refusal(const AttnGpuProblem& p) {
   if (p.ring) return "ring_attn has no CUDA implementation yet (sp_attn has)";
@@ -59,11 +53,11 @@ class SpAttnRunner final : public AttnGpuRunner {
     if (bufs_.empty()) {
       for (int r = 0; r < W; ++r) {
         world_->bind(r);
-        bufs_.push_back(std::make_unique<DeviceBytes>(q[r].size()));
-        bufs_.push_back(std::make_unique<DeviceBytes>(k[r].size()));
-        bufs_.push_back(std::make_unique<DeviceBytes>(v[r].size()));
-        bufs_.push_back(std::make_unique<DeviceBytes>(o[r].size()));
-        bufs_.push_back(std::make_unique<DeviceBytes>(lse[r].size() * sizeof(float)));
+        bufs_.push_back(std::make_unique<DeviceBuffer>(q[r].size()));
+        bufs_.push_back(std::make_unique<DeviceBuffer>(k[r].size()));
+        bufs_.push_back(std::make_unique<DeviceBuffer>(v[r].size()));
+        bufs_.push_back(std::make_unique<DeviceBuffer>(o[r].size()));
+        bufs_.push_back(std::make_unique<DeviceBuffer>(lse[r].size() * sizeof(float)));
       }
     }
     std::vector<const void*> dq(W), dk(W), dv(W);
@@ -71,13 +65,13 @@ class SpAttnRunner final : public AttnGpuRunner {
     std::vector<float*> dlse(W);
     for (int r = 0; r < W; ++r) {
       world_->bind(r);
-      dq[r] = bufs_[5 * r]->p, dk[r] = bufs_[5 * r + 1]->p, dv[r] = bufs_[5 * r + 2]->p;
-      dout[r] = bufs_[5 * r + 3]->p, dlse[r] = static_cast<float*>(bufs_[5 * r + 4]->p);
-      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r]->p, q[r].data(), q[r].size(), cudaMemcpyHostToDevice));
-      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 1]->p, k[r].data(), k[r].size(), cudaMemcpyHostToDevice));
-      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 2]->p, v[r].data(), v[r].size(), cudaMemcpyHostToDevice));
-      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 3]->p, o[r].data(), o[r].size(), cudaMemcpyHostToDevice));  // poisoned
-      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 4]->p, lse[r].data(), lse[r].size() * sizeof(float),
+      dq[r] = bufs_[5 * r]->get(), dk[r] = bufs_[5 * r + 1]->get(), dv[r] = bufs_[5 * r + 2]->get();
+      dout[r] = bufs_[5 * r + 3]->get(), dlse[r] = static_cast<float*>(bufs_[5 * r + 4]->get());
+      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r]->get(), q[r].data(), q[r].size(), cudaMemcpyHostToDevice));
+      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 1]->get(), k[r].data(), k[r].size(), cudaMemcpyHostToDevice));
+      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 2]->get(), v[r].data(), v[r].size(), cudaMemcpyHostToDevice));
+      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 3]->get(), o[r].data(), o[r].size(), cudaMemcpyHostToDevice));  // poisoned
+      TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 4]->get(), lse[r].data(), lse[r].size() * sizeof(float),
                                cudaMemcpyHostToDevice));
     }
     world_->sync("sp_attn inputs");
@@ -115,7 +109,7 @@ class SpAttnRunner final : public AttnGpuRunner {
   AttnGpuProblem p_;
   std::unique_ptr<tlc::World> world_;
   std::unique_ptr<tlc::SpAttn> op_;
-  std::vector<std::unique_ptr<DeviceBytes>> bufs_;
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
 };
 
 }  // namespace

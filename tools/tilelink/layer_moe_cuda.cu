@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "device_buffer.hpp"
 #include "layer_ops.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/ops/moe_cuda.hpp"
@@ -13,30 +14,20 @@
 namespace tilelink::cli {
 namespace {
 
-struct DeviceBytes {
-  void* p = nullptr;
-  explicit DeviceBytes(size_t bytes, const void* from = nullptr) {
-    TL_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
-    if (from != nullptr && bytes) TL_CUDA_CHECK(cudaMemcpy(p, from, bytes, cudaMemcpyHostToDevice));
-  }
-  ~DeviceBytes() { cudaFree(p); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-};
 
 double run_moe_on_gpu(const MoeGpuCall& c, bool fused, std::byte* out) {
   const int64_t eb = dtype_size(c.dtype), rows = c.tokens * c.topk, h = c.hidden, f = c.ffn;
   const int64_t e = c.experts;
   cuda::MoeLayer moe(c.tokens, h, f, c.experts, c.topk, c.dtype);
-  DeviceBytes ids(rows * sizeof(int32_t), c.ids), weights(rows * sizeof(float), c.weights);
+  DeviceBuffer ids(rows * sizeof(int32_t), c.ids), weights(rows * sizeof(float), c.weights);
   const int64_t out_bytes = (c.op == 0 ? rows * f : c.tokens * h) * eb;
-  DeviceBytes d_out(out_bytes);
-  TL_CUDA_CHECK(cudaMemset(d_out.p, 0xff, out_bytes));  // poison: what the call leaves shows
-  std::vector<std::unique_ptr<DeviceBytes>> keep;
+  DeviceBuffer d_out(out_bytes);
+  TL_CUDA_CHECK(cudaMemset(d_out.get(), 0xff, out_bytes));  // poison: what the call leaves shows
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
   auto put = [&](const std::byte* host, int64_t bytes) -> const void* {
     if (host == nullptr) return nullptr;
-    keep.push_back(std::make_unique<DeviceBytes>(bytes, host));
-    return keep.back()->p;
+    keep.push_back(std::make_unique<DeviceBuffer>(bytes, host));
+    return keep.back()->get();
   };
   const void* x = put(c.x, c.tokens * h * eb);
   const void* h1 = put(c.h1, rows * f * eb);
@@ -47,10 +38,10 @@ double run_moe_on_gpu(const MoeGpuCall& c, bool fused, std::byte* out) {
   TL_CUDA_CHECK(cudaEventCreate(&ev[0]));
   TL_CUDA_CHECK(cudaEventCreate(&ev[1]));
   TL_CUDA_CHECK(cudaEventRecord(ev[0], nullptr));
-  moe.route(static_cast<const int32_t*>(ids.p), nullptr);
-  if (c.op == 0) moe.layer0(x, w1, f, d_out.p, path, nullptr);
-  if (c.op == 1) moe.layer1(h1, w2, static_cast<const float*>(weights.p), d_out.p, nullptr);
-  if (c.op == 2) moe.mlp(x, w1, w2, static_cast<const float*>(weights.p), d_out.p, path, nullptr);
+  moe.route(static_cast<const int32_t*>(ids.get()), nullptr);
+  if (c.op == 0) moe.layer0(x, w1, f, d_out.get(), path, nullptr);
+  if (c.op == 1) moe.layer1(h1, w2, static_cast<const float*>(weights.get()), d_out.get(), nullptr);
+  if (c.op == 2) moe.mlp(x, w1, w2, static_cast<const float*>(weights.get()), d_out.get(), path, nullptr);
   TL_CUDA_CHECK(cudaEventRecord(ev[1], nullptr));
   TL_CUDA_CHECK(cudaEventSynchronize(ev[1]));
   float ms = 0;
@@ -60,7 +51,7 @@ double run_moe_on_gpu(const MoeGpuCall& c, bool fused, std::byte* out) {
   int64_t status = 0;
   TL_CUDA_CHECK(cudaMemcpy(&status, moe.status(), sizeof(status), cudaMemcpyDeviceToHost));
   TL_REQUIRE(status == 0, "moe (cuda): the routing found a bad expert id at pair " << status - 1);
-  TL_CUDA_CHECK(cudaMemcpy(out, d_out.p, out_bytes, cudaMemcpyDeviceToHost));
+  TL_CUDA_CHECK(cudaMemcpy(out, d_out.get(), out_bytes, cudaMemcpyDeviceToHost));
   return ms;
 }
 

@@ -126,27 +126,6 @@ TL_HD void allgather_item(Exec& x, const AllGatherPlan& p, int i, uint64_t epoch
   else allgather_push_item(x, p, i, epoch, a);
 }
 
-// Pull a whole segment at a time (for an executor whose moves cost much more than their bytes: the
-// copy engine's per-operation latency, where a tile-sized move per item leaves it mostly idle): the
-// owner's rows in one move, then each of its tiles announced here from the last down, so a consumer
-// walking the rows downwards finds them announced in its order. The own segment comes from `a`; a
-// peer's once the owner has announced its first tile on its side (the last it announces, by this
-// same program). Mixing it with the tile-a-item programs on other ranks is not supported.
-TL_HD_TEMPLATE
-template <class Exec>
-TL_HD void allgather_pull_segment(Exec& x, const AllGatherPlan& p, int owner, uint64_t epoch, const void* a) {
-  const int first = p.tiles.first[owner], last = p.tiles.first[owner + 1] - 1;
-  if (last < first) return;  // an empty segment
-  const RowRange rows{p.tiles.parts.begin(owner), p.tiles.parts.end(owner)};
-  if (owner == p.rank) {
-    x.pull(owner, p.rows_copy(a, rows.begin, x.local(p.f.gathered), rows));
-  } else {
-    x.wait(owner, p.f.tile_ready, first, epoch, WaitSite{SignalField::kTileReady, first});
-    x.pull(owner, p.rows_copy(x.peer(owner, p.f.gathered), 0, x.local(p.f.gathered), rows));
-  }
-  for (int t = last; t >= first; --t) x.notify_local(p.f.tile_ready, t, epoch);
-}
-
 // This rank's own tiles announced to itself (after a move of its own rows).
 TL_HD_TEMPLATE
 template <class Exec>

@@ -3,17 +3,18 @@
 // attention engine (compute/sm90/attention.hpp) with a wait before each key/value tile.
 //
 //   comm program     per rank on the rank's stream: the entry barrier, then per batch entry each
-//                    rank's segment of K and of V by the AllGather plan's segment pull
-//                    (comm/allgather.hpp, allgather_pull_segment: one move a segment, its 128-row
-//                    comm tiles announced from the last down), in the order the attention walks
-//                    them: this rank's rows first, then rank - 1's, - 2's, ... Under `causal` the
-//                    rows of later ranks are never needed and never moved.
+//                    rank's segment of K and of V by the AllGather plan's pull program
+//                    (comm/allgather.hpp; a comm tile is a whole segment: one move and one
+//                    announcement, the copy engine's operations being costly and its queue finite),
+//                    in the order the attention walks them: this rank's rows first, then rank -
+//                    1's, - 2's, ... Under `causal` the rows of later ranks are never needed and
+//                    never moved.
 //   compute program  per batch entry, the engine on the rank's second stream, persistent on the
 //                    rank's SMs less the copies' spare ones: its queries at their positions
 //                    (q_pos0 = the shard's first), the gathered K and V at theirs, its key/value
 //                    walk from the shard's last row down (the own rows, ready first); the load
 //                    thread waits, per key/value tile, for the K and V comm tiles covering its rows
-//                    (bounded, SignalField::kTileReady).
+//                    (bounded, SignalField::kTileReady), each about once a block.
 //   baseline         copy-engine AllGather of K and V (barrier, copies, barrier), then the engine
 //                    on every SM of the rank, the same walk: the same bits as the fused call.
 //

@@ -38,6 +38,7 @@
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
 #include "tilelink/compute/sm90/impl/gemm_epilogue.cuh"
 #include "tilelink/compute/sm90/impl/operand_map.hpp"
+#include "tilelink/compute/sm90/impl/smem_desc.cuh"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90::detail {
@@ -85,18 +86,8 @@ struct WgmmaParams {
   bool reduce;
 };
 
-// The wgmma descriptor of an operand tile in shared memory: K-major rows of 128 bytes in the
-// 128-byte swizzle, 8-row groups 1024 bytes apart. `addr` moves by 32 bytes a k16 step inside
-// the swizzle atom (the hardware swizzles the address it forms).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>((addr & 0x3FFFF) >> 4);
-  d.bitfield.leading_byte_offset_ = 1;  // unused with a swizzle
-  d.bitfield.stride_byte_offset_ = 1024 >> 4;
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = static_cast<uint8_t>(cute::SM90::GMMA::LayoutType::B128);
-  return d.desc_;
-}
+// The wgmma descriptor of an operand tile in shared memory (K-major, the 128-byte swizzle).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) { return sw128_k_major_desc(addr); }
 
 // The m64 x kCols x k16 wgmma of the input type, both operands K-major in shared memory.
 template <class In, int kCols>

@@ -51,6 +51,7 @@
 
 #include "tilelink/compute/sm90/attention.hpp"
 #include "tilelink/compute/sm90/impl/check_cuda.hpp"
+#include "tilelink/compute/sm90/impl/smem_desc.cuh"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::compute::sm90::attn_detail {
@@ -151,23 +152,9 @@ __device__ __forceinline__ AttnItem item_of(const AttnParams& p, int i) {
   return {p.causal ? p.m_blocks - 1 - mb : mb, head, bh / p.heads_q, head / p.group};
 }
 
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>((addr & 0x3FFFF) >> 4);
-  d.bitfield.leading_byte_offset_ = 1;  // unused with a swizzle
-  d.bitfield.stride_byte_offset_ = 1024 >> 4;
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = static_cast<uint8_t>(gmma::LayoutType::B128);
-  return d.desc_;
-}
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) { return detail::sw128_k_major_desc(addr); }
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = static_cast<uint16_t>((addr & 0x3FFFF) >> 4);
-  d.bitfield.leading_byte_offset_ = (kAttnBlockN * kRowBytes) >> 4;  // the next 64 columns of D
-  d.bitfield.stride_byte_offset_ = 1024 >> 4;                        // the next 8 keys
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = static_cast<uint8_t>(gmma::LayoutType::B128);
-  return d.desc_;
+  return detail::sw128_mn_major_desc(addr, kAttnBlockN * kRowBytes);  // the next 64 columns of D
 }
 
 template <class Op, size_t... I>
