@@ -251,6 +251,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Mma = AttnMma<In, D>;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  // Registers a thread of the producer / consumer warpgroups keeps (setmaxnreg; 128 x producer +
+  // 256 x consumer must stay within the block's 384 x 168 = 64512): a waiting load thread's hooks
+  // need more than the plain engine's (at 40 / 232 the hooked instances spilled 12-40 bytes, at
+  // 56 / 224 none but the persistent D 128 one's 16).
+  constexpr int kProducerRegs = Hooks::kWaits ? 56 : 40;
+  constexpr int kConsumerRegs = Hooks::kWaits ? 224 : 232;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * 168);
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -286,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Persistent: block b takes items b, b + gridDim.x, ... (AttnItem: the query blocks fastest). The
   // key/value ring runs on across items: g counts the block's tiles.
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<40>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (tid == 0) {
       int g = 0;
       typename Hooks::State hook_state{};  // the load thread's, across the block's items
@@ -330,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<232>();
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
   const int wg = warpgroup - 1;  // 0 or 1: rows [64 wg, 64 wg + 64) of the block
   const int warp = tid / 32, lane = tid % 32;
   const uint32_t q_wg = q_s + wg * kWgRows * kRowBytes;
@@ -376,12 +383,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       int64_t lim = p.seq_k - first - 1;  // the last column kept
       if (p.causal) lim = min(lim, p.q_pos0 + row0 + 8 * r - p.kv_pos0 - first);
-      const int last = lim < -1 ? -1 : lim > kAttnBlockN ? kAttnBlockN : static_cast<int>(lim);
+      // NOTE: column 8j + 2 (lane % 4) + e is compared as 8j + e (an immediate) against the limit
+      // less this lane's offset: with the lane's 32 columns formed as values, the persistent form
+      // kept them in registers across its items and spilled.
+      const int last = (lim < -1 ? -1 : lim > kAttnBlockN ? kAttnBlockN : static_cast<int>(lim)) - 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          if (8 * j + 2 * (lane % 4) + e > last) s[4 * j + 2 * r + e] = -INFINITY;
+          if (8 * j + e > last) s[4 * j + 2 * r + e] = -INFINITY;
     }
   };
   auto pack_p = [&]() {
