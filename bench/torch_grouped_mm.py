@@ -21,9 +21,10 @@ Routings (as tilelink's MoeRoutingPattern): uniform (every expert alike) and ske
 with weight 1 / (1 + e)), top-k distinct experts a token.
 """
 import argparse
-import statistics
 
 import torch
+
+from torch_timing import median_ms
 
 MODELS = {  # hidden, ffn, experts, top-k
     "mixtral-8x7b": (4096, 14336, 8, 2),
@@ -49,18 +50,7 @@ FLUSH = None
 
 
 def time_ms(fn, reps):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        FLUSH.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return median_ms(torch, fn, reps, warmup=3, before=FLUSH.zero_)
 
 
 def main():

@@ -28,6 +28,8 @@ import datetime
 import statistics
 import warnings
 
+from torch_timing import median_ms
+
 DEFAULT_SHAPES = [  # batch, seq, heads_q, heads_kv, head_dim
     (1, 8192, 32, 32, 128),
     (1, 8192, 32, 8, 128),
@@ -91,17 +93,7 @@ def first_line(text, limit=200):
 
 
 def time_ms(torch, fn, reps, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return median_ms(torch, fn, reps, warmup)
 
 
 def main():

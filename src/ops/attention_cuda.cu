@@ -61,18 +61,6 @@ struct SpAttnWaitHooks {
   }
 };
 
-template <class Hooks>
-void launch_engine(const sm90::AttnArgs& a, const Hooks& hooks, int sms, cudaStream_t stream) {
-  sm90::attention_check(a);
-  if (a.dtype == DType::kBF16) {
-    if (a.head_dim == 128) sm90::attn_detail::launch_attention<__nv_bfloat16, 128>(a, hooks, sms, stream);
-    else sm90::attn_detail::launch_attention<__nv_bfloat16, 64>(a, hooks, sms, stream);
-  } else {
-    if (a.head_dim == 128) sm90::attn_detail::launch_attention<__half, 128>(a, hooks, sms, stream);
-    else sm90::attn_detail::launch_attention<__half, 64>(a, hooks, sms, stream);
-  }
-}
-
 }  // namespace
 
 SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype) : world_(world) {
@@ -114,7 +102,8 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
     const SpAttnPlan& p = plans_[r];
     SpAttnWaitHooks pass{world.device_context(r), rt_->view(r), p.k[0].f.tile_ready, p.v[0].f.tile_ready,
                          p.k[0].tiles, shape.seq, 0, Epoch{0}};
-    launch_engine(a, pass, 1, world.stream(r));
+    a.num_sms = 1;
+    sm90::attn_detail::launch_checked(a, pass, world.stream(r));
     TL_CUDA_CHECK(cudaStreamSynchronize(world.stream(r)));
     TL_CUDA_CHECK(cudaFree(buf));
   }
@@ -167,13 +156,14 @@ void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool h
     a.causal = s.causal, a.dtype = p.dtype;
     a.q_pos0 = p.sharding.rows.begin(r), a.kv_pos0 = 0;
     a.kv_walk_from = p.sharding.rows.end(r) - 1;  // the own rows first (fused and unfused alike: same bits)
+    a.num_sms = sms;
     if (!hooked) {
-      launch_engine(a, sm90::NoAttnHooks{}, sms, stream);
+      sm90::attn_detail::launch_checked(a, sm90::NoAttnHooks{}, stream);
       continue;
     }
     SpAttnWaitHooks wait{world_.device_context(r), rt_->view(r), p.k[b].f.tile_ready, p.v[b].f.tile_ready,
                          p.k[b].tiles, a.seq_k, a.kv_walk_from, rt_->epoch(r)};
-    launch_engine(a, wait, sms, stream);
+    sm90::attn_detail::launch_checked(a, wait, stream);
   }
 }
 
@@ -216,7 +206,7 @@ void SpAttn::run(const std::vector<const void*>& q, const std::vector<const void
       a.batch = s.batch, a.seq_q = a.seq_k = s.seq;
       a.heads_q = s.heads_q, a.heads_kv = s.heads_kv, a.head_dim = static_cast<int>(s.head_dim);
       a.causal = s.causal, a.dtype = p.dtype;
-      launch_engine(a, sm90::NoAttnHooks{}, 0, rt_->gemm_stream(r));
+      sm90::attn_detail::launch_checked(a, sm90::NoAttnHooks{}, rt_->gemm_stream(r));
     });
   }
   rt_->begin(1);

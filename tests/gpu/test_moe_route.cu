@@ -102,6 +102,12 @@ struct Tables {
     t.first_tiles = first.p;
   }
   void route(cudaStream_t s = nullptr) { cuda::moe_route_async(ids.p, tokens, topk, experts, t, s); }
+  // h_ids uploaded, routed, and waited for.
+  void route_now(const std::vector<int32_t>& h_ids) {
+    ids.put(h_ids);
+    route();
+    TL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
   // Every table against the host's form of the same ids (bad ids included).
   void expect_match(const std::vector<int32_t>& h_ids) const {
@@ -136,9 +142,7 @@ TEST(MoeRouteCuda, MatchesHostTables) {
                                       << " experts " << experts << " " << test::name(how));
     const std::vector<int32_t> h_ids = test::draw_ids(rng, tokens, topk, experts, how);
     Tables tb(tokens, topk, experts);
-    tb.ids.put(h_ids);
-    tb.route();
-    TL_CUDA_CHECK(cudaDeviceSynchronize());
+    tb.route_now(h_ids);
     tb.expect_match(h_ids);
     ++trials;
   }
@@ -177,9 +181,7 @@ TEST(MoeRouteCuda, ManyBlocksRaggedChunks) {
         sh.all_to >= 0 ? std::vector<int32_t>(sh.tokens * sh.topk, sh.all_to)
                        : test::draw_ids(rng, sh.tokens, sh.topk, sh.experts, sh.how);
     Tables tb(sh.tokens, sh.topk, sh.experts);
-    tb.ids.put(h_ids);
-    tb.route();
-    TL_CUDA_CHECK(cudaDeviceSynchronize());
+    tb.route_now(h_ids);
     tb.expect_match(h_ids);
   }
 }
@@ -194,9 +196,7 @@ TEST(MoeRouteCuda, BadIdsReportedNotPlaced) {
   h_ids[1234] = experts;  // first bad pair
   h_ids[4001] = -3;
   Tables tb(tokens, topk, experts);
-  tb.ids.put(h_ids);
-  tb.route();
-  TL_CUDA_CHECK(cudaDeviceSynchronize());
+  tb.route_now(h_ids);
   EXPECT_EQ(tb.status.host()[0], 1235);
   const auto rop = tb.row_of_pair.host(), por = tb.pair_of_row.host(), off = tb.offsets.host();
   EXPECT_EQ(rop[1234], -1);
@@ -229,9 +229,7 @@ TEST(MoeRouteCuda, BadIdsAcrossBlocksReportTheFirst) {
   for (int64_t p : {int64_t{150001}, int64_t{70002}, int64_t{70003}, tokens * topk - 1}) h_ids[p] = experts + 7;
   h_ids[70031] = -1;
   Tables tb(tokens, topk, experts);
-  tb.ids.put(h_ids);
-  tb.route();
-  TL_CUDA_CHECK(cudaDeviceSynchronize());
+  tb.route_now(h_ids);
   EXPECT_EQ(tb.status.host()[0], 70003);
   tb.expect_match(h_ids);
 }
@@ -285,9 +283,7 @@ TEST(MoeRouteCuda, ScratchForMoreServesLess) {
   DeviceArray<unsigned char> big(cuda::moe_route_scratch_bytes(8192, 8, 256));
   tb.t.scratch = big.p;
   const std::vector<int32_t> h_ids = test::draw_ids(rng, tokens, topk, experts, test::Routing::kSkewed);
-  tb.ids.put(h_ids);
-  tb.route();
-  TL_CUDA_CHECK(cudaDeviceSynchronize());
+  tb.route_now(h_ids);
   tb.expect_match(h_ids);
 }
 

@@ -1,6 +1,6 @@
 // What `tilelink bench grouped_gemm` and `tilelink bench moe_*` share: the MoE models they time
-// (the table of bench/torch_grouped_mm.py), the selection by --models, cuBLAS's status check, and
-// the small helpers of their tables.
+// (the table of bench/torch_grouped_mm.py), the selection by --models, the small helpers of their
+// tables, and (bench_stream.hpp) the timed stream with its cuBLAS handle and L2 flush.
 #pragma once
 
 #include <cublas_v2.h>
@@ -13,19 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_stream.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/core/dtype.hpp"
 #include "tilelink/core/error.hpp"
 
 namespace tilelink::cli {
-
-inline void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    ::tilelink::detail::throw_error(
-        file, line, std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
-  }
-}
-#define TL_CUBLAS_CHECK(call) ::tilelink::cli::check_cublas((call), #call, __FILE__, __LINE__)
 
 struct MoeModel {
   const char* name;

@@ -56,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_stream.hpp"
 #include "cli.hpp"
 #include "tilelink/compute/sm90/gemm.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
@@ -73,12 +74,6 @@ const char* kDefaultShapes =
     "8192x8192x8192,8192x3584x8192,8192x8192x3584,8192x1536x4096,8192x4096x1536,4096x3072x8192,"
     "16384x1024x8192,2048x28672x8192,512x8192x8192";
 
-void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    ::tilelink::detail::throw_error(file, line, std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
-  }
-}
-#define TL_CUBLAS_CHECK(call) check_cublas((call), #call, __FILE__, __LINE__)
 #define CK(call) TL_SM90_CUDA_CHECK(call)
 
 struct Shape3 {
@@ -215,22 +210,13 @@ int bench_gemm(Args& args) {
       warm_code ? "; each timed launch after an untimed one of the same variant (--warm-code)" : "",
       no_split ? "; the last wave never split (--no-split)" : "");
 
-  cudaStream_t stream;
-  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cublasHandle_t handle;
-  TL_CUBLAS_CHECK(cublasCreate(&handle));
-  TL_CUBLAS_CHECK(cublasSetStream(handle, stream));
-  const size_t ws_bytes = size_t(64) << 20;
-  void* ws = nullptr;
-  CK(cudaMalloc(&ws, ws_bytes));
-  TL_CUBLAS_CHECK(cublasSetWorkspace(handle, ws, ws_bytes));
-  const size_t flush_bytes = size_t(2) * l2;
-  void* flush = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
+  BenchStream bench(static_cast<size_t>(l2));
+  cudaStream_t stream = bench.stream;
+  cublasHandle_t handle = bench.handle;
+  void* flush = bench.flush;
+  const size_t flush_bytes = bench.flush_bytes;
+  cudaEvent_t* ev = bench.ev;
   sm90::GemmWorkspace split_ws;
-  cudaEvent_t ev[2];
-  CK(cudaEventCreate(&ev[0]));
-  CK(cudaEventCreate(&ev[1]));
 
   if (csv)
     std::printf(
@@ -556,12 +542,6 @@ int bench_gemm(Args& args) {
                 sustained_ratios.front());
   }
   std::printf("; verification %s\n", verify ? (all_ok ? "PASSED" : "FAILED") : "skipped");
-  CK(cudaFree(ws));
-  CK(cudaFree(flush));
-  CK(cudaEventDestroy(ev[0]));
-  CK(cudaEventDestroy(ev[1]));
-  TL_CUBLAS_CHECK(cublasDestroy(handle));
-  CK(cudaStreamDestroy(stream));
   return all_ok ? 0 : 1;
 }
 

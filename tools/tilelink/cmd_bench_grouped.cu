@@ -171,23 +171,14 @@ int bench_grouped_gemm(Args& args) {
       tile_n ? std::to_string(tile_n).c_str() : "(256|128: grouped_gemm_pick_tile_n)",
       num_sms ? num_sms : sms, reps, warmup, (unsigned long long)seed);
 
-  cudaStream_t stream;
-  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cublasHandle_t handle;
-  TL_CUBLAS_CHECK(cublasCreate(&handle));
-  TL_CUBLAS_CHECK(cublasSetStream(handle, stream));
-  const size_t ws_bytes = size_t(64) << 20;
-  void* ws = nullptr;
-  CK(cudaMalloc(&ws, ws_bytes));
-  TL_CUBLAS_CHECK(cublasSetWorkspace(handle, ws, ws_bytes));
-  const size_t flush_bytes = size_t(2) * l2;
-  void* flush = nullptr;
-  CK(cudaMalloc(&flush, flush_bytes));
+  BenchStream bench(static_cast<size_t>(l2));
+  cudaStream_t stream = bench.stream;
+  cublasHandle_t handle = bench.handle;
+  void* flush = bench.flush;
+  const size_t flush_bytes = bench.flush_bytes;
+  cudaEvent_t* ev = bench.ev;
   MaxDiff* diff_scratch = nullptr;
   CK(cudaMalloc(&diff_scratch, sizeof(MaxDiff)));
-  cudaEvent_t ev[2];
-  CK(cudaEventCreate(&ev[0]));
-  CK(cudaEventCreate(&ev[1]));
 
   if (csv) {
     std::printf(
@@ -466,12 +457,6 @@ int bench_grouped_gemm(Args& args) {
       g_med, g_min, d_med, d_min, over_grouped.size(),
       verify ? (all_ok ? "PASSED" : "FAILED") : "skipped");
   CK(cudaFree(diff_scratch));
-  CK(cudaFree(ws));
-  CK(cudaFree(flush));
-  CK(cudaEventDestroy(ev[0]));
-  CK(cudaEventDestroy(ev[1]));
-  TL_CUBLAS_CHECK(cublasDestroy(handle));
-  CK(cudaStreamDestroy(stream));
   if (counts_file != nullptr) std::fclose(counts_file);
   return all_ok ? 0 : 1;
 }

@@ -139,15 +139,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// What one case needs of the device, beyond its buffers.
-struct BenchContext {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t handle = nullptr;
-  void* flush = nullptr;
-  size_t flush_bytes = 0;
-  cudaEvent_t ev[2] = {};
-};
-
 struct CaseOptions {
   MoeBenchOp op;
   DType dtype;
@@ -170,7 +161,7 @@ struct CaseRow {
 
 enum { kFused, kUnfused, kLoop, kDense, kVariants };
 
-CaseRow bench_case(const BenchContext& ctx, const CaseOptions& o, size_t model_index,
+CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_index,
                    const MoeModel& model, int64_t tokens, MoeRoutingPattern pattern) {
   const MoeBenchOp op = o.op;
   const DType dt = o.dtype;
@@ -463,18 +454,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
         "# moe_gemm_rs at world 1: fused and (a) are the same kernels (the grouped GEMM into Y, "
         "then the top-k reduce; no ReduceScatter on one GPU), so fus/a is their A/A\n");
 
-  BenchContext ctx;
-  CK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
-  TL_CUBLAS_CHECK(cublasCreate(&ctx.handle));
-  TL_CUBLAS_CHECK(cublasSetStream(ctx.handle, ctx.stream));
-  const size_t ws_bytes = size_t(64) << 20;
-  DeviceBuffer ws(ws_bytes);
-  TL_CUBLAS_CHECK(cublasSetWorkspace(ctx.handle, ws.get(), ws_bytes));
-  ctx.flush_bytes = size_t(2) * l2;
-  DeviceBuffer flush(ctx.flush_bytes);
-  ctx.flush = flush.get();
-  CK(cudaEventCreate(&ctx.ev[0]));
-  CK(cudaEventCreate(&ctx.ev[1]));
+  const BenchStream ctx(static_cast<size_t>(l2));
 
   if (csv) {
     std::printf(
@@ -535,10 +515,6 @@ int bench_moe(MoeBenchOp op, Args& args) {
     std::printf("# fused / (b) per-expert cuBLAS loop: median %.3f, min %.3f\n", b_med, b_min);
   }
   std::printf("# check %s\n", o.check ? (all_ok ? "PASSED" : "FAILED") : "skipped (--no-check)");
-  CK(cudaEventDestroy(ctx.ev[0]));
-  CK(cudaEventDestroy(ctx.ev[1]));
-  TL_CUBLAS_CHECK(cublasDestroy(ctx.handle));
-  CK(cudaStreamDestroy(ctx.stream));
   return all_ok ? 0 : 1;
 }
 

@@ -50,15 +50,7 @@ void attention_check(const AttnArgs& a) {
 }
 
 void attention_forward(const AttnArgs& a, cudaStream_t stream) {
-  attention_check(a);
-  const int sms = a.num_sms;
-  if (a.dtype == DType::kBF16) {
-    if (a.head_dim == 128) attn_detail::launch_attention<__nv_bfloat16, 128>(a, NoAttnHooks{}, sms, stream);
-    else attn_detail::launch_attention<__nv_bfloat16, 64>(a, NoAttnHooks{}, sms, stream);
-  } else {
-    if (a.head_dim == 128) attn_detail::launch_attention<__half, 128>(a, NoAttnHooks{}, sms, stream);
-    else attn_detail::launch_attention<__half, 64>(a, NoAttnHooks{}, sms, stream);
-  }
+  attn_detail::launch_checked(a, NoAttnHooks{}, stream);
 }
 
 double attention_flops(const AttnArgs& a) {

@@ -599,4 +599,18 @@ void launch_attention(const AttnArgs& a, const Hooks& hooks, int num_sms, cudaSt
   TL_SM90_CUDA_CHECK(cudaGetLastError());
 }
 
+// attention_check, then the instance for a's dtype and head dim with `hooks`, on a.num_sms blocks
+// (0: a block an item): the one dispatch the plain engine and the fused ops launch through.
+template <class Hooks>
+void launch_checked(const AttnArgs& a, const Hooks& hooks, cudaStream_t stream) {
+  attention_check(a);
+  if (a.dtype == DType::kBF16) {
+    if (a.head_dim == 128) launch_attention<__nv_bfloat16, 128>(a, hooks, a.num_sms, stream);
+    else launch_attention<__nv_bfloat16, 64>(a, hooks, a.num_sms, stream);
+  } else {
+    if (a.head_dim == 128) launch_attention<__half, 128>(a, hooks, a.num_sms, stream);
+    else launch_attention<__half, 64>(a, hooks, a.num_sms, stream);
+  }
+}
+
 }  // namespace tilelink::compute::sm90::attn_detail
