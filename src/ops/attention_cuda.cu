@@ -24,6 +24,8 @@ namespace {
 // load thread waits for the K and V comm tiles covering its rows (the AllGather plans' channel
 // mapping), system scope (the copy engine's stream write-values), the quiet form (no function call
 // inside the engine).
+constexpr int kMaxCommTiles = 32;  // SpAttnWaitHooks::State's bits
+
 struct SpAttnWaitHooks {
   static constexpr bool kWaits = true;
   static constexpr bool kNotifies = false;
@@ -32,31 +34,25 @@ struct SpAttnWaitHooks {
   Field<Signal> k_ready, v_ready;
   SegmentTiling comm;
   int64_t seq = 0;  // the keys the engine reads (a tile's rows past them are never waited for)
-  int64_t walk_from = 0;  // the engine's kv_walk_from
   Epoch call;  // read per tile: a graph replay's epoch is on the device
 
-  // Steps of the walk from walk_from's tile (down, then on from the last tile) the load thread has
-  // seen in place. The comm program moves and announces the rows in that walk's order (own rows,
-  // then rank - 1's, ...), so once a step's tiles are in, every earlier step's are: each comm tile
-  // is waited for about once a block, not once an item.
+  // The comm tiles the load thread has seen in place (a bit a tile; at most kMaxCommTiles): each is
+  // waited for once a block, in whatever order the walk meets them.
   struct State {
-    int known = 0;
+    uint32_t known = 0;
   };
 
   __device__ void before_kv_tile(const sm90::AttnTileWork& w, State& state) const {
-    const int tiles = static_cast<int>((seq + sm90::kAttnBlockN - 1) / sm90::kAttnBlockN);
-    const int start = static_cast<int>(walk_from / sm90::kAttnBlockN);
-    const int step = ((start - w.kv_tile) % tiles + tiles) % tiles;
-    if (step < state.known) return;
-    state.known = step + 1;
     const int64_t first = int64_t{w.kv_tile} * sm90::kAttnBlockN;
     const IdRange ids = comm.covering(RowRange{first, first + sm90::kAttnBlockN < seq ? first + sm90::kAttnBlockN : seq});
     const uint64_t target = call.value();
     for (int t = ids.begin; t < ids.end; ++t) {
+      if (state.known >> t & 1u) continue;
       consumer_tile_wait<Scope::kSystem, Report::kQuiet>(ctx, heap, k_ready, t, target,
                                                          WaitSite{SignalField::kTileReady, t});
       consumer_tile_wait<Scope::kSystem, Report::kQuiet>(ctx, heap, v_ready, t, target,
                                                          WaitSite{SignalField::kTileReady, t});
+      state.known |= 1u << t;
     }
   }
 };
@@ -67,24 +63,34 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
   const int W = world.size();
   TL_REQUIRE(sharding.rows.world_size == W,
              "sp_attn: the sharding has " << sharding.rows.world_size << " ranks, the world " << W);
-  TL_REQUIRE(sharding.shard == SeqShard::kContiguous,
-             "sp_attn on the CUDA backend takes contiguous shards (zigzag runs on the CPU backend)");
   TL_REQUIRE(dtype == DType::kBF16 || dtype == DType::kF16,
              "sp_attn on the CUDA backend takes bf16 or fp16, got " << dtype_name(dtype));
   TL_REQUIRE(shape.head_dim == 64 || shape.head_dim == 128,
              "sp_attn on the CUDA backend takes head dim 64 or 128, got " << shape.head_dim);
-  // A comm tile is a rank's whole segment: the copy engine moves it in one operation and announces
-  // it with one. NOTE: with 128-row comm tiles (a move, or an announcement, a tile) a call put
-  // ~1000 stream operations a rank in flight at S 65536 over two ranks, and the host's enqueue
-  // blocked on the full queue behind a stream wait for a peer whose operations it had not yet
-  // enqueued: the call never ran (measured on the H200; a move a tile was also ~25 us an operation).
+  // A comm tile is a run of positions a rank holds (a contiguous shard; a zigzag chunk): the copy
+  // engine moves it in one operation and announces it with one. NOTE: with 128-row comm tiles (a
+  // move, or an announcement, a tile) a call put ~1000 stream operations a rank in flight at S
+  // 65536 over two ranks, and the host's enqueue blocked on the full queue behind a stream wait for
+  // a peer whose operations it had not yet enqueued: the call never ran (measured on the H200; a
+  // move a tile was also ~25 us an operation).
+  const bool zigzag = sharding.shard == SeqShard::kZigzag;
+  const RowPartition& runs = zigzag ? sharding.chunks : sharding.rows;
+  kv_tiles_ = SegmentTiling::make(runs, static_cast<int>(std::max<int64_t>(1, runs.max_size())));
+  TL_REQUIRE(kv_tiles_.num_tiles() <= kMaxCommTiles, "sp_attn: " << kv_tiles_.num_tiles() << " comm tiles, at most "
+                                                                  << kMaxCommTiles);
+  // The plan's AllGather fields hold the gathered K and V (here in position order) and a
+  // tile_ready slot for each of kv_tiles_ (zigzag: tiles of half a chunk, so at least one a chunk).
   SpAttnConfig config;
-  config.comm_tile_rows = static_cast<int>(std::max<int64_t>(1, sharding.rows.max_size()));
+  config.comm_tile_rows = static_cast<int>(std::max<int64_t>(1, zigzag ? (runs.max_size() + 1) / 2 : runs.max_size()));
   for (int r = 0; r < W; ++r) plans_.push_back(SpAttnPlan::make(r, shape, sharding, dtype, config));
+  TL_REQUIRE(plans_[0].k[0].tiles.num_tiles() >= kv_tiles_.num_tiles(),
+             "sp_attn: internal: " << plans_[0].k[0].tiles.num_tiles() << " tile_ready slots for "
+                                   << kv_tiles_.num_tiles() << " comm tiles");
   Agreement agreement("sp_attn");
   agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("S rows", sharding.rows);
   agreement.add("batch", shape.batch).add("heads_q", shape.heads_q).add("heads_kv", shape.heads_kv);
   agreement.add("head_dim", shape.head_dim).add("causal", static_cast<int64_t>(shape.causal));
+  agreement.add("shard", static_cast<int64_t>(sharding.shard));
   rt_ = std::make_unique<detail::FusedRuntime>(world, "sp_attn", std::move(agreement), plans_[0].ws_bytes);
 
   // Every kernel of a call loaded in every rank's context before any of them spins: one launch of
@@ -101,7 +107,7 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
     a.head_dim = static_cast<int>(shape.head_dim), a.dtype = dtype, a.causal = shape.causal;
     const SpAttnPlan& p = plans_[r];
     SpAttnWaitHooks pass{world.device_context(r), rt_->view(r), p.k[0].f.tile_ready, p.v[0].f.tile_ready,
-                         p.k[0].tiles, shape.seq, 0, Epoch{0}};
+                         kv_tiles_, shape.seq, Epoch{0}};
     a.num_sms = 1;
     sm90::attn_detail::launch_checked(a, pass, world.stream(r));
     TL_CUDA_CHECK(cudaStreamSynchronize(world.stream(r)));
@@ -110,8 +116,6 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
 }
 
 SpAttn::~SpAttn() = default;
-
-int SpAttn::attention_sms(int rank) const { return rt_->split(rank, 0, 0).gemm_sms; }
 
 void SpAttn::check_args(const std::vector<const void*>& q, const std::vector<const void*>& k,
                         const std::vector<const void*>& v, const std::vector<void*>& o,
@@ -133,37 +137,98 @@ void SpAttn::check_args(const std::vector<const void*>& q, const std::vector<con
   if (any) rt_->check_operand("lse", lse, false, empty);
 }
 
-void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool hooked, int sms, cudaStream_t stream) {
+// The query runs of rank r's shard: its rows at contiguous positions that the engine takes in one
+// launch. A contiguous shard is one run; a zigzag shard under the mask is two (its chunks, each
+// seeing the keys up to its own end), without the mask one (positions matter to the mask only).
+std::vector<SpAttn::Run> SpAttn::query_runs(int r) const {
+  const SpAttnPlan& p = plans_[r];
+  const SeqSharding& sh = p.sharding;
+  const int W = p.world_size;
+  std::vector<Run> runs;
+  auto add = [&](int64_t row0, int64_t rows, int64_t pos0) {
+    if (rows > 0) runs.push_back({row0, rows, pos0});
+  };
+  if (sh.shard == SeqShard::kContiguous) {
+    add(0, p.local_rows(), sh.rows.begin(r));
+  } else if (p.shape.causal) {
+    add(0, sh.chunks.size(r), sh.chunks.begin(r));
+    add(sh.chunks.size(r), sh.chunks.size(2 * W - 1 - r), sh.chunks.begin(2 * W - 1 - r));
+  } else {
+    add(0, p.local_rows(), 0);
+  }
+  return runs;
+}
+
+// The comm pieces of rank `owner`: its rows at contiguous positions (a contiguous shard, or each
+// zigzag chunk), the position-ordered gathered buffer's comm tile each fills.
+std::vector<SpAttn::Piece> SpAttn::pieces_of(int owner) const {
+  const SeqSharding& sh = plans_[rt_->first_rank()].sharding;
+  const int W = sh.rows.world_size;
+  std::vector<Piece> pieces;
+  auto add = [&](int64_t row0, int part) {
+    const RowRange pos{kv_tiles_.parts.begin(part), kv_tiles_.parts.end(part)};
+    if (pos.size() > 0) pieces.push_back({row0, pos, kv_tiles_.first[part]});
+  };
+  if (sh.shard == SeqShard::kContiguous) {
+    add(0, owner);
+  } else {
+    add(0, owner);
+    add(sh.chunks.size(owner), 2 * W - 1 - owner);
+  }
+  return pieces;
+}
+
+// The keys rank r's queries read: all of them, or under the mask those up to its last position.
+int64_t SpAttn::keys_needed(int r) const {
+  const SpAttnPlan& p = plans_[r];
+  if (!p.shape.causal) return p.shape.seq;
+  int64_t end = 0;
+  for (const Run& q : query_runs(r)) end = std::max(end, q.pos0 + q.rows);
+  return end;
+}
+
+int SpAttn::attention_sms(int rank) const { return rt_->split(rank, 0, 0).gemm_sms; }
+
+void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool hooked, cudaStream_t stream) {
   const SpAttnPlan& p = plans_[r];
   const SpAttnShape& s = p.shape;
   const int64_t n = p.local_rows();
   if (n == 0) return;
   const int64_t eb = dtype_size(p.dtype), q_row = int64_t{s.heads_q} * s.head_dim;
+  // The walk starts at the last of the rank's own positions: its own keys, in place first.
+  const std::vector<Piece> own = pieces_of(r);
+  const int64_t own_last = own.back().pos.end - 1;
   for (int b = 0; b < s.batch; ++b) {
-    sm90::AttnArgs a;
-    a.q = static_cast<const std::byte*>(q) + b * n * q_row * eb;
-    a.o = static_cast<std::byte*>(o) + b * n * q_row * eb;
-    a.k = rt_->view(r).local(p.k[b].f.gathered);
-    a.v = rt_->view(r).local(p.v[b].f.gathered);
-    if (lse != nullptr) {  // [B, S_r, Hq]
-      a.lse = lse + b * n * s.heads_q;
-      a.lse_stride_b = n * s.heads_q, a.lse_stride_s = s.heads_q, a.lse_stride_h = 1;
+    for (const Run& run : query_runs(r)) {
+      const int64_t row0 = b * n + run.row0;
+      sm90::AttnArgs a;
+      a.q = static_cast<const std::byte*>(q) + row0 * q_row * eb;
+      a.o = static_cast<std::byte*>(o) + row0 * q_row * eb;
+      a.k = rt_->view(r).local(p.k[b].f.gathered);  // [S, Hkv, D] in position order
+      a.v = rt_->view(r).local(p.v[b].f.gathered);
+      if (lse != nullptr) {  // [B, S_r, Hq]
+        a.lse = lse + row0 * s.heads_q;
+        a.lse_stride_b = n * s.heads_q, a.lse_stride_s = s.heads_q, a.lse_stride_h = 1;
+      }
+      // Under the mask no query of the run sees past its last position: the engine reads no key
+      // beyond it (rows never gathered then; TMA reads them as zeros).
+      a.batch = 1, a.seq_q = run.rows, a.seq_k = s.causal ? run.pos0 + run.rows : s.seq;
+      a.heads_q = s.heads_q, a.heads_kv = s.heads_kv, a.head_dim = static_cast<int>(s.head_dim);
+      a.causal = s.causal, a.dtype = p.dtype;
+      a.q_pos0 = run.pos0, a.kv_pos0 = 0;
+      a.kv_walk_from = std::min(own_last, a.seq_k - 1);  // fused and unfused alike: the same bits
+      // Hooked: persistent on the rank's SMs less the copies' (on one GPU a copy is a driver kernel
+      // on the SMs: a block an item filling every SM with blocks that wait for it would never let
+      // it run). Plain: a block an item on every SM.
+      a.num_sms = hooked ? attention_sms(r) : 0;
+      if (!hooked) {
+        sm90::attn_detail::launch_checked(a, sm90::NoAttnHooks{}, stream);
+        continue;
+      }
+      SpAttnWaitHooks wait{world_.device_context(r), rt_->view(r), p.k[b].f.tile_ready, p.v[b].f.tile_ready,
+                           kv_tiles_, a.seq_k, rt_->epoch(r)};
+      sm90::attn_detail::launch_checked(a, wait, stream);
     }
-    // Under the mask no query of the shard sees past its last row: the engine reads no key beyond it
-    // (rows of later ranks are never gathered then; TMA reads them as zeros).
-    a.batch = 1, a.seq_q = n, a.seq_k = s.causal ? p.sharding.rows.end(r) : s.seq;
-    a.heads_q = s.heads_q, a.heads_kv = s.heads_kv, a.head_dim = static_cast<int>(s.head_dim);
-    a.causal = s.causal, a.dtype = p.dtype;
-    a.q_pos0 = p.sharding.rows.begin(r), a.kv_pos0 = 0;
-    a.kv_walk_from = p.sharding.rows.end(r) - 1;  // the own rows first (fused and unfused alike: same bits)
-    a.num_sms = sms;
-    if (!hooked) {
-      sm90::attn_detail::launch_checked(a, sm90::NoAttnHooks{}, stream);
-      continue;
-    }
-    SpAttnWaitHooks wait{world_.device_context(r), rt_->view(r), p.k[b].f.tile_ready, p.v[b].f.tile_ready,
-                         p.k[b].tiles, a.seq_k, a.kv_walk_from, rt_->epoch(r)};
-    sm90::attn_detail::launch_checked(a, wait, stream);
   }
 }
 
@@ -174,20 +239,29 @@ void SpAttn::enqueue_comm(int r, const void* k, const void* v) {
   const uint64_t epoch = rt_->value(r);
   x.barrier(p.barrier, epoch);
   const int64_t block = p.local_rows() * p.kv_row_bytes();  // a batch entry of this rank's K or V
-  // The AllGather plan's pull items (a rank's segment each) in the attention's walk: the own
-  // rows, then rank - 1's, ...; under the mask, later ranks' rows are never read and never moved.
+  const int64_t needed = keys_needed(r);
+  // The AllGather's pull program over the pieces (comm/allgather.hpp's, with the gathered rows at
+  // their positions): the own pieces first, then rank - 1's, ...; a piece the queries never read
+  // (past the last key under the mask) is never moved.
   for (int b = 0; b < p.shape.batch; ++b) {
-    const AllGatherPlan& kp = p.k[b];
-    const int tiles = kp.tiles.num_tiles();
-    const auto* kb = static_cast<const std::byte*>(k) + b * block;
-    const auto* vb = static_cast<const std::byte*>(v) + b * block;
     for (int s = 0; s < W; ++s) {
       const int owner = ((r - s) % W + W) % W;
-      if (p.shape.causal && owner > r) continue;
-      for (int t = kp.tiles.first[owner + 1] - 1; t >= kp.tiles.first[owner]; --t) {  // one, or none
-        const int item = ((t - kp.tiles.first[r]) % tiles + tiles) % tiles;       // pull_tile_at(item) == t
-        allgather_item(x, kp, item, epoch, kb);
-        allgather_item(x, p.v[b], item, epoch, vb);
+      for (const Piece& piece : pieces_of(owner)) {
+        if (piece.pos.begin >= needed) continue;
+        for (int kv = 0; kv < 2; ++kv) {
+          const AllGatherPlan& g = kv == 0 ? p.k[b] : p.v[b];
+          const auto* mine = static_cast<const std::byte*>(kv == 0 ? k : v) + b * block;
+          const int64_t rb = p.kv_row_bytes();
+          std::byte* dst = x.local(g.f.gathered) + piece.pos.begin * rb;
+          if (owner == r) {
+            x.pull(r, Copy2D{mine + piece.row0 * rb, rb, dst, rb, piece.pos.size(), rb});
+          } else {
+            // The owner announces each of its pieces once it sits in its own gathered buffer.
+            x.wait(owner, g.f.tile_ready, piece.tile, epoch, WaitSite{SignalField::kTileReady, piece.tile});
+            x.pull(owner, Copy2D{x.peer(owner, g.f.gathered) + piece.pos.begin * rb, rb, dst, rb, piece.pos.size(), rb});
+          }
+          x.notify_local(g.f.tile_ready, piece.tile, epoch);
+        }
       }
     }
   }
@@ -214,7 +288,7 @@ void SpAttn::run(const std::vector<const void*>& q, const std::vector<const void
   // program is enqueued, as AG+GEMM's (fused_runtime.hpp, LaunchOrder).
   rt_->fused_call(
       LaunchOrder::kComputeFirst, detail::NoStep{},
-      [&](int r) { enqueue_attention(r, q[r], o[r], lse[r], true, attention_sms(r), rt_->gemm_stream(r)); },
+      [&](int r) { enqueue_attention(r, q[r], o[r], lse[r], true, rt_->gemm_stream(r)); },
       [&](int r) { enqueue_comm(r, k[r], v[r]); });
 }
 
@@ -233,7 +307,7 @@ void SpAttn::run_attention_only(const std::vector<const void*>& q, const std::ve
   rt_->require_eager("run_attention_only");
   rt_->require_started("run_attention_only", "a comm run");
   rt_->each_on_gemm_stream([&](int r) {
-    enqueue_attention(r, q[r], o[r], lse[r], true, attention_sms(r), rt_->gemm_stream(r));
+    enqueue_attention(r, q[r], o[r], lse[r], true, rt_->gemm_stream(r));
   });
 }
 
@@ -250,22 +324,25 @@ void SpAttn::run_unfused(const std::vector<const void*>& q, const std::vector<co
       const SpAttnPlan& p = plans_[r];
       const StreamContext sc = rt_->stream_context(r, true);
       SymmetricView heap = rt_->view(r);
-      const RowRange own = p.k[0].own_rows();
-      const int64_t block = p.local_rows() * p.kv_row_bytes();
-      for (int b = 0; b < p.shape.batch && own.size() > 0; ++b) {
-        for (int s = 0; s < world_.size(); ++s) {
-          const int peer = peer_at(r, s, world_.size());
-          rank_copy_data(sc, peer, p.k[b].rows_copy(static_cast<const std::byte*>(k[r]) + b * block, own.begin,
-                                                    heap.peer(peer, p.k[b].f.gathered), own));
-          rank_copy_data(sc, peer, p.v[b].rows_copy(static_cast<const std::byte*>(v[r]) + b * block, own.begin,
-                                                    heap.peer(peer, p.v[b].f.gathered), own));
+      const int64_t block = p.local_rows() * p.kv_row_bytes(), rb = p.kv_row_bytes();
+      for (int b = 0; b < p.shape.batch; ++b) {
+        for (const Piece& piece : pieces_of(r)) {
+          for (int s = 0; s < world_.size(); ++s) {
+            const int peer = peer_at(r, s, world_.size());
+            for (int kv = 0; kv < 2; ++kv) {
+              const AllGatherPlan& g = kv == 0 ? p.k[b] : p.v[b];
+              const auto* mine = static_cast<const std::byte*>(kv == 0 ? k[r] : v[r]) + b * block;
+              rank_copy_data(sc, peer, Copy2D{mine + piece.row0 * rb, rb, heap.peer(peer, g.f.gathered) + piece.pos.begin * rb,
+                                              rb, piece.pos.size(), rb});
+            }
+          }
         }
       }
       rank_barrier(sc, heap, p.barrier, rt_->value(r, 2));
     }
     for (int r : world_.local_ranks()) {
       world_.bind(r);
-      enqueue_attention(r, q[r], o[r], lse[r], false, 0, world_.stream(r));
+      enqueue_attention(r, q[r], o[r], lse[r], false, world_.stream(r));
     }
   });
 }

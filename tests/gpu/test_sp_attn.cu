@@ -1,5 +1,6 @@
 // GPU tests of sequence-parallel attention on virtual ranks (ops/attention_cuda.hpp, run on an
-// H100/H200): worlds 1-4 and 8, ragged contiguous shards with an empty one, causal and not, GQA, both
+// H100/H200): worlds 1-4 and 8, ragged contiguous shards with an empty one, zigzag shards (odd
+// worlds and odd lengths included), causal and not, GQA, both
 // head dims, bf16 and fp16, batch 2, lse given or not; several calls on fresh inputs; graph replays.
 // Every rank's O and lse start poisoned (0xFF: NaN); each call is compared with the float64
 // attention of the whole sequence (compute/cpu_attention.hpp) on every element, and the fused call
@@ -35,14 +36,15 @@ using Bytes = std::vector<std::byte>;
 struct Case {
   int world = 2;
   SpAttnShape shape;
-  std::vector<int64_t> split;  // contiguous: S_r per rank
+  SeqShard shard = SeqShard::kContiguous;
+  std::vector<int64_t> split;  // contiguous: S_r per rank (zigzag: filled from the sharding)
   DType dtype = DType::kBF16;
   bool lse = true;
 };
 
 ::testing::Message describe(const Case& c) {
   ::testing::Message m;
-  m << "world " << c.world << ", batch " << c.shape.batch << ", S " << c.shape.seq << " (";
+  m << "world " << c.world << (c.shard == SeqShard::kZigzag ? " zigzag" : "") << ", batch " << c.shape.batch << ", S " << c.shape.seq << " (";
   for (int64_t n : c.split) m << n << " ";
   m << "), heads " << c.shape.heads_q << "/" << c.shape.heads_kv << ", D " << c.shape.head_dim
     << (c.shape.causal ? ", causal" : ", no mask") << ", " << dtype_name(c.dtype) << (c.lse ? ", lse" : "");
@@ -56,12 +58,14 @@ class Harness {
   explicit Harness(const Case& c)
       : c_(c),
         world_(tlc::WorldOptions{.transport = tlc::Transport::kVirtual, .world_size = c.world}),
-        sharding_(SeqSharding::make(SeqShard::kContiguous, c.shape.seq, c.world, c.split)),
+        sharding_(SeqSharding::make(c.shard, c.shape.seq, c.world, c.split)),
         op_(world_, c.shape, sharding_, c.dtype) {
+    c_.split.resize(c.world);
+    for (int r = 0; r < c.world; ++r) c_.split[r] = sharding_.rows.size(r);
     const int64_t eb = dtype_size(c.dtype);
     for (int r = 0; r < c.world; ++r) {
       world_.bind(r);
-      const int64_t n = c.split[r];
+      const int64_t n = c_.split[r];
       q_.push_back(std::make_unique<DeviceBuffer>(c.shape.batch * n * c.shape.heads_q * c.shape.head_dim * eb));
       k_.push_back(std::make_unique<DeviceBuffer>(c.shape.batch * n * c.shape.heads_kv * c.shape.head_dim * eb));
       v_.push_back(std::make_unique<DeviceBuffer>(c.shape.batch * n * c.shape.heads_kv * c.shape.head_dim * eb));
@@ -134,11 +138,12 @@ class Harness {
           q.data() + b * s.seq * qrow * eb, k.data() + b * s.seq * kvrow * eb, v.data() + b * s.seq * kvrow * eb,
           c_.dtype, s.seq, s.seq, s.heads_q, s.heads_kv, s.head_dim, pos, scale, s.causal);
       for (int r = 0; r < c_.world; ++r) {
-        const int64_t n = c_.split[r], row0 = sharding_.rows.begin(r);
+        const int64_t n = c_.split[r];
         for (int64_t i = 0; i < n; ++i) {
+          const int64_t at_pos = sharding_.position_of(r, i);
           double row_max = 0, row_err = 0;
           for (int64_t e = 0; e < qrow; ++e) {
-            const double want = ref.out[(row0 + i) * qrow + e];
+            const double want = ref.out[at_pos * qrow + e];
             const double got = to_double(out.data() + o_at[r] + ((b * n + i) * qrow + e) * eb);
             row_max = std::max(row_max, std::abs(want));
             row_err = std::max(row_err, std::isnan(got) ? INFINITY : std::abs(got - want));
@@ -148,7 +153,7 @@ class Harness {
           for (int h = 0; h < s.heads_q; ++h) {
             float got;
             std::memcpy(&got, out.data() + l_at[r] + ((b * n + i) * s.heads_q + h) * sizeof(float), sizeof(float));
-            const double want = ref.lse[(row0 + i) * s.heads_q + h];
+            const double want = ref.lse[at_pos * s.heads_q + h];
             ASSERT_LE(std::abs(got - want), 1e-3 * (1 + std::abs(want)))
                 << "lse: rank " << r << ", batch " << b << ", row " << i << ", head " << h;
           }
@@ -174,10 +179,11 @@ class Harness {
   }
   Bytes shard(const Bytes& all, int heads, int r) const {
     const SpAttnShape& s = c_.shape;
-    const int64_t row = heads * s.head_dim * dtype_size(c_.dtype), n = c_.split[r], row0 = sharding_.rows.begin(r);
+    const int64_t row = heads * s.head_dim * dtype_size(c_.dtype), n = c_.split[r];
     Bytes out(static_cast<size_t>(std::max<int64_t>(s.batch * n * row, 1)));
     for (int b = 0; b < s.batch; ++b)
-      if (n > 0) std::memcpy(out.data() + b * n * row, all.data() + (b * s.seq + row0) * row, n * row);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(out.data() + (b * n + i) * row, all.data() + (b * s.seq + sharding_.position_of(r, i)) * row, row);
     return out;
   }
 
@@ -239,6 +245,25 @@ TEST(SpAttnCuda, EvenShardsHeadDim64Fp16AndBatch) {
   run_case(c, rng);
 }
 
+// Zigzag shards: rank r holds chunks r and 2W - 1 - r; the gathered keys sit in position order.
+TEST(SpAttnCuda, ZigzagShards) {
+  TL_SEEDED_RNG(rng);
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (bool causal : {false, true}) {
+      Case c = make(world, 300 + 37 * world, 4, 2, 128, causal, rng);
+      c.shard = SeqShard::kZigzag, c.split.clear();
+      run_case(c, rng);
+    }
+  }
+  Case c = make(2, 530, 4, 4, 64, true, rng);
+  c.shard = SeqShard::kZigzag, c.split.clear();
+  c.dtype = DType::kF16, c.shape.batch = 2;
+  run_case(c, rng);
+  c = make(4, 13, 4, 2, 128, true, rng);  // chunks of one or two rows
+  c.shard = SeqShard::kZigzag, c.split.clear();
+  run_case(c, rng);
+}
+
 // A captured call replayed on fresh inputs gives what an eager call gives.
 TEST(SpAttnCuda, GraphReplays) {
   TL_SEEDED_RNG(rng);
@@ -264,8 +289,6 @@ TEST(SpAttnCuda, RefusesWhatItCannotRun) {
   SpAttnShape s;
   s.seq = 256, s.heads_q = 4, s.heads_kv = 2, s.head_dim = 128;
   const SeqSharding even = SeqSharding::make(SeqShard::kContiguous, 256, 2, {128, 128});
-  const SeqSharding zigzag = SeqSharding::make(SeqShard::kZigzag, 256, 2, {});
-  EXPECT_THROW(tlc::SpAttn(world, s, zigzag, DType::kBF16), Error);
   EXPECT_THROW(tlc::SpAttn(world, s, even, DType::kF32), Error);
   SpAttnShape d96 = s;
   d96.head_dim = 96;

@@ -407,12 +407,16 @@ int bench_sp_attn(Args& args) {
   const int reps = static_cast<int>(args.get_int_in("--reps", 5, 1, 100000));
   const int warmup = static_cast<int>(args.get_int_in("--warmup", 1, 0, 100000));
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 1));
+  const std::string shard_opt = args.get("--shard", "contiguous");
   DType dtype = DType::kBF16;
   TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &dtype) && dtype != DType::kF32,
              "bench sp_attn: --dtype must be bf16 or fp16");
   args.finish();
   TL_REQUIRE(causal_opt == "no" || causal_opt == "yes" || causal_opt == "both",
              "bench sp_attn: --causal must be no, yes or both, got '" << causal_opt << "'");
+  TL_REQUIRE(shard_opt == "contiguous" || shard_opt == "zigzag",
+             "bench sp_attn: --shard must be contiguous or zigzag, got '" << shard_opt << "'");
+  const SeqShard shard = shard_opt == "zigzag" ? SeqShard::kZigzag : SeqShard::kContiguous;
   for (int64_t w : worlds) TL_REQUIRE(w >= 1 && w <= 8, "bench sp_attn: --world takes 1 to 8 ranks, got " << w);
   std::vector<bool> masks;
   if (causal_opt != "yes") masks.push_back(false);
@@ -424,12 +428,12 @@ int bench_sp_attn(Args& args) {
   std::printf("# date %s; device %s, %d SMs; commit %s\n", utc_now().c_str(), prop.name, prop.multiProcessorCount,
               source_commit().c_str());
   std::printf(
-      "# bench sp_attn: %s, virtual ranks on one GPU (each its green context's SMs), contiguous even shards; "
+      "# bench sp_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
       "unfused = copy-engine AllGather of K and V, then the engine; fused = the engine waiting per key/value tile "
       "beside the copy engine's tiles; comm / attn = the parts alone; ideal = max(comm, attn); overlap = (comm + "
       "attn - fused) / min(comm, attn); ms: host wall medians of %d after %d warm-ups; check: fused and unfused "
       "bit-identical on every rank\n",
-      std::string(dtype_name(dtype)).c_str(), reps, warmup);
+      std::string(dtype_name(dtype)).c_str(), shard_opt == "zigzag" ? "zigzag" : "contiguous even", reps, warmup);
   std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused     comm     attn    ideal | speedup "
               "overlap | check\n");
   int failed = 0;
@@ -442,11 +446,14 @@ int bench_sp_attn(Args& args) {
       for (bool causal : masks) {
         SpAttnShape shape;
         shape.batch = sh.batch, shape.seq = sh.seq, shape.heads_q = sh.heads_q, shape.heads_kv = sh.heads_kv;
-        shape.head_dim = sh.head_dim, shape.causal = causal;
-        const RowPartition even = RowPartition::even(sh.seq, static_cast<int>(W));
+        shape.head_dim = sh.head_dim, shape.causal = causal, shape.shard = shard;
         std::vector<int64_t> segs;
-        for (int r = 0; r < W; ++r) segs.push_back(even.size(r));
-        const SeqSharding sharding = SeqSharding::make(SeqShard::kContiguous, sh.seq, static_cast<int>(W), segs);
+        if (shard == SeqShard::kContiguous) {
+          const RowPartition split = RowPartition::even(sh.seq, static_cast<int>(W));
+          for (int r = 0; r < W; ++r) segs.push_back(split.size(r));
+        }
+        const SeqSharding sharding = SeqSharding::make(shard, sh.seq, static_cast<int>(W), segs);
+        const RowPartition& even = sharding.rows;
         tlc::SpAttn op(world, shape, sharding, dtype);
         const int64_t eb = dtype_size(dtype);
         std::vector<std::unique_ptr<DeviceBuffer>> keep;

@@ -21,7 +21,6 @@ namespace tlc = tilelink::cuda;
 
 std::string refusal(const AttnGpuProblem& p) {
   if (p.ring) return "ring_attn has no CUDA implementation yet (sp_attn has)";
-  if (p.shape.shard != SeqShard::kContiguous) return "the CUDA form takes contiguous shards (zigzag runs on the CPU)";
   if (p.dtype == DType::kF32) return "the CUDA form takes bf16 or fp16";
   if (p.shape.head_dim != 64 && p.shape.head_dim != 128) return "the CUDA form takes head dim 64 or 128";
   int devices = 0;

@@ -2,30 +2,32 @@
 // ops/attention_plan.hpp (shared with the CPU), its comm program on the copy engine and the sm90
 // attention engine (compute/sm90/attention.hpp) with a wait before each key/value tile.
 //
-//   comm program     per rank on the rank's stream: the entry barrier, then per batch entry each
-//                    rank's segment of K and of V by the AllGather plan's pull program
-//                    (comm/allgather.hpp; a comm tile is a whole segment: one move and one
-//                    announcement, the copy engine's operations being costly and its queue finite),
-//                    in the order the attention walks them: this rank's rows first, then rank -
-//                    1's, - 2's, ... Under `causal` the rows of later ranks are never needed and
-//                    never moved.
-//   compute program  per batch entry, the engine on the rank's second stream, persistent on the
-//                    rank's SMs less the copies' spare ones: its queries at their positions
-//                    (q_pos0 = the shard's first), the gathered K and V at theirs, its key/value
-//                    walk from the shard's last row down (the own rows, ready first); the load
-//                    thread waits, per key/value tile, for the K and V comm tiles covering its rows
-//                    (bounded, SignalField::kTileReady), each about once a block.
-//   baseline         copy-engine AllGather of K and V (barrier, copies, barrier), then the engine
-//                    on every SM of the rank, the same walk: the same bits as the fused call.
+//   comm program     per rank on the rank's stream: the entry barrier, then per batch entry the
+//                    AllGather's pull program over pieces: a piece is a run of a rank's rows at
+//                    contiguous positions (its contiguous shard, or each of its zigzag chunks) and
+//                    lands at those positions, so the gathered K and V are in position order
+//                    whatever the sharding; one move and one announcement a piece (a comm tile),
+//                    the copy engine's operations being costly and its queue finite. The own pieces
+//                    go first, then rank - 1's, - 2's, ...; under `causal` a piece past the rank's
+//                    last query position is never needed and never moved.
+//   compute program  per batch entry and query run (a contiguous shard is one run; a zigzag shard
+//                    under the mask two, each chunk seeing the keys up to its own end), the engine
+//                    on the rank's second stream, persistent on the rank's SMs less the copies'
+//                    (on one GPU a copy is a driver kernel on the SMs); its queries at their
+//                    positions, its key/value walk from its own last position down (its own rows,
+//                    ready first); the load thread waits, per key/value tile, for the K and V comm
+//                    tiles covering its rows (bounded, SignalField::kTileReady), each once a block.
+//   baseline         copy-engine AllGather of K and V (barrier, every rank's pieces into every
+//                    rank, barrier), then the engine on every SM of the rank, a block an item, the
+//                    same runs and walks: the same bits as the fused call.
 //
 //   cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = 4});
 //   cuda::SpAttn op(world, shape, SeqSharding::make(SeqShard::kContiguous, S, 4, segments), DType::kBF16);
 //   op.run(q, k, v, o, lse);   // per rank: q[r] [B, S_r, Hq, D], k[r] / v[r] [B, S_r, Hkv, D],
 //   world.sync("sp_attn");     // o[r] [B, S_r, Hq, D], lse[r] [B, S_r, Hq] fp32 (or every entry null)
 //
-// Contiguous shards (ragged allowed); bf16 or fp16; head_dim 64 or 128. Zigzag shards run on the
-// CPU backend only (their gathered rows are not in position order, which the engine's mask
-// assumes). CUDA graphs: run() and run_unfused() may be captured, as every fused op's (the first
+// Contiguous (ragged allowed) or zigzag shards, rows in shard order; bf16 or fp16; head_dim 64 or
+// 128. CUDA graphs: run() and run_unfused() may be captured, as every fused op's (the first
 // captured call switches the op to device-side epochs for good).
 #pragma once
 
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "tilelink/core/dtype.hpp"
+#include "tilelink/core/segment_tiling.hpp"
 #include "tilelink/ops/attention_plan.hpp"
 #include "tilelink/runtime/world.hpp"
 
@@ -67,20 +70,34 @@ class SpAttn {
   void run_attention_only(const std::vector<const void*>& q, const std::vector<void*>& o,
                           const std::vector<float*>& lse);
 
-  // The engine's SMs in a fused call on `rank` (the rest are left to the copy engine's copies).
-  int attention_sms(int rank) const;
-
  private:
   void check_args(const std::vector<const void*>& q, const std::vector<const void*>& k,
                   const std::vector<const void*>& v, const std::vector<void*>& o,
                   const std::vector<float*>& lse) const;
   // The engine on rank r for every batch entry, on the current stream of the rank's lane: hooked
   // (waits for this call's epoch) or plain.
-  void enqueue_attention(int r, const void* q, void* o, float* lse, bool hooked, int sms, cudaStream_t stream);
+  void enqueue_attention(int r, const void* q, void* o, float* lse, bool hooked, cudaStream_t stream);
   void enqueue_comm(int r, const void* k, const void* v);
+
+  // Rows of a rank's shard at contiguous positions: a query run (one engine launch) and a comm
+  // piece (one move, one comm tile of the position-ordered gathered buffer).
+  struct Run {
+    int64_t row0 = 0, rows = 0, pos0 = 0;
+  };
+  struct Piece {
+    int64_t row0 = 0;  // the first row in the owner's shard
+    RowRange pos;      // its positions
+    int tile = 0;      // its comm tile (kv_tiles_)
+  };
+  std::vector<Run> query_runs(int r) const;
+  // The engine's SMs in a fused call on rank r (the rest are left to the copies).
+  int attention_sms(int rank) const;
+  std::vector<Piece> pieces_of(int owner) const;
+  int64_t keys_needed(int r) const;
 
   World& world_;
   std::vector<SpAttnPlan> plans_;
+  SegmentTiling kv_tiles_;  // comm tiles over positions: a rank's segment, or a zigzag chunk
   std::unique_ptr<detail::FusedRuntime> rt_;
 };
 
