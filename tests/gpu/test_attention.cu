@@ -2,7 +2,8 @@
 // dims 128 and 64, causal and not, multi-head and GQA, sequence lengths off the 128-row tiles
 // (1 .. 2048 + 13), query shards with positions of their own (at the end of a longer key
 // sequence; before the first key, where rows see no key), batch 2 in padded and head-major
-// layouts, fp16 as well as bf16, lse in a layout of its own or not written at all, graph replays,
+// layouts, fp16 as well as bf16, lse in a layout of its own or not written at all, key ranges
+// merged over calls (merge), graph replays,
 // and argument checks that throw before anything is launched.
 // O and lse start poisoned (0xFF bytes: NaN) and every element is compared with a device reference
 // computed here from the same inputs (naive: a thread a query row, fp32, two passes over the keys):
@@ -479,6 +480,47 @@ TEST(Sm90Attention, QueryShardsWithPositions) {
   for (const Case& c : cases) run_case(c, rng);
 }
 
+// merge: the keys split into ranges, one call a range in some order (a ring's steps: the own
+// range first, then the others), each call after the first folding its keys into O and lse;
+// the result against the reference over all the keys. Ranges where some rows see no key (under
+// the mask, keys past the row's position) and a padded O in batch 2 included.
+void run_split_case(const Case& c, const std::vector<std::pair<int64_t, int64_t>>& ranges, test::Rng& rng) {
+  SCOPED_TRACE(describe(c));
+  ::testing::Message m;
+  for (auto [lo, hi] : ranges) m << "[" << lo << ", " << hi << ") ";
+  SCOPED_TRACE(m);
+  Problem p(c, rng);
+  const int es = dtype_size(c.type);
+  bool first = true;
+  for (auto [lo, hi] : ranges) {
+    AttnArgs a = p.resolved;
+    a.k = static_cast<const std::byte*>(p.args.k) + lo * p.k.ss * es;
+    a.v = static_cast<const std::byte*>(p.args.v) + lo * p.v.ss * es;
+    a.seq_k = hi - lo, a.kv_pos0 = c.kv_pos0 + lo, a.merge = !first;
+    first = false;
+    attention_forward(a, nullptr);
+  }
+  TL_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_outputs(p, reference(p.resolved), p.o_now(), p.lse_now());
+}
+
+TEST(Sm90Attention, MergesKeyRanges) {
+  TL_SEEDED_RNG(rng);
+  for (int d : {128, 64}) {
+    for (bool causal : {false, true}) {
+      run_split_case(shape("two ranges", d, 4, 2, 1000 + 13, causal), {{0, 500}, {500, 1013}}, rng);
+      run_split_case(shape("ring order", d, 8, 2, 777, causal), {{300, 600}, {0, 300}, {600, 777}}, rng);
+      run_split_case(shape("later keys first", d, 4, 4, 1000, causal), {{900, 1000}, {1, 900}, {0, 1}}, rng);
+    }
+  }
+  Case c = shape("fp16, padded O, batch 2", 128, 4, 4, 600, true);
+  c.type = DType::kF16, c.batch = 2, c.o_layout = Layout::kPadded, c.kv_layout = Layout::kHeadMajor;
+  run_split_case(c, {{128, 256}, {0, 128}, {256, 600}}, rng);
+  c = shape("query shard", 128, 32, 8, 200, true);
+  c.seq_k = 1000, c.q_pos0 = 800;
+  run_split_case(c, {{800, 1000}, {0, 800}}, rng);
+}
+
 // Batch 2 with strides: padded rows and heads (every stride a multiple of 8, none packed) and
 // [b, h, s, d] through the strides, mixed across Q, K/V and O, with NaN in every padding element.
 TEST(Sm90Attention, StridedLayouts) {
@@ -614,6 +656,7 @@ TEST(Sm90Attention, RefusesBadArguments) {
   with("seq_q 0", "seq_q", [](AttnArgs& a) { a.seq_q = 0; });
   with("seq_k 0", "seq_k", [](AttnArgs& a) { a.seq_k = 0; });
   with("batch 0", "batch", [](AttnArgs& a) { a.batch = 0; });
+  with("merge without lse", "merge", [](AttnArgs& a) { a.merge = true, a.lse = nullptr; });
   for (const Bad& x : bad) {
     SCOPED_TRACE(x.what);
     test::expect_refused([&] { attention_check(x.args); }, x.needle);

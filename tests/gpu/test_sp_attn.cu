@@ -1,10 +1,10 @@
-// GPU tests of sequence-parallel attention on virtual ranks (ops/attention_cuda.hpp, run on an
+// GPU tests of sequence-parallel attention, sp_attn and ring_attn, on virtual ranks (ops/attention_cuda.hpp, run on an
 // H100/H200): worlds 1-4 and 8, ragged contiguous shards with an empty one, zigzag shards (odd
 // worlds and odd lengths included), causal and not, GQA, both
 // head dims, bf16 and fp16, batch 2, lse given or not; several calls on fresh inputs; graph replays.
 // Every rank's O and lse start poisoned (0xFF: NaN); each call is compared with the float64
-// attention of the whole sequence (compute/cpu_attention.hpp) on every element, and the fused call
-// with its unfused baseline bit for bit. Bad arguments are refused before anything is launched.
+// attention of the whole sequence (compute/cpu_attention.hpp) on every element, and sp_attn's fused
+// call with its unfused baseline bit for bit (ring_attn merges W softmaxes: close, not equal). Bad arguments are refused before anything is launched.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "../support/gpu.hpp"
@@ -51,8 +52,9 @@ struct Case {
   return m;
 }
 
-// One case's world, op and device buffers; call() runs the fused op or its baseline on the inputs
-// last uploaded and returns every rank's O and lse.
+// One case's world, op (tlc::SpAttn or tlc::RingAttn) and device buffers; call() runs the fused op
+// or its baseline on the inputs last uploaded and returns every rank's O and lse.
+template <class Op>
 class Harness {
  public:
   explicit Harness(const Case& c)
@@ -190,14 +192,16 @@ class Harness {
   Case c_;
   tlc::World world_;
   SeqSharding sharding_;
-  tlc::SpAttn op_;
+  Op op_;
   std::vector<std::unique_ptr<DeviceBuffer>> q_, k_, v_, o_, lse_;
 };
 
-// Fresh inputs, fused and unfused each from poisoned outputs: both against float64, and equal.
+// Fresh inputs, fused and unfused each from poisoned outputs: both against float64, and (sp_attn)
+// equal.
+template <class Op = tlc::SpAttn>
 void run_case(const Case& c, test::Rng& rng, int calls = 2) {
   SCOPED_TRACE(describe(c));
-  Harness h(c);
+  Harness<Op> h(c);
   const SpAttnShape& s = c.shape;
   for (int call = 0; call < calls; ++call) {
     const Bytes q = rng.tensor(c.dtype, s.batch * s.seq * s.heads_q * s.head_dim);
@@ -214,7 +218,11 @@ void run_case(const Case& c, test::Rng& rng, int calls = 2) {
     h.world().sync("sp_attn(unfused)");
     const Bytes unfused = h.outputs();
     h.expect_matches(fused, q, k, v);
-    EXPECT_TRUE(fused == unfused) << "fused and unfused differ (call " << call << ")";
+    if constexpr (std::is_same_v<Op, tlc::SpAttn>) {
+      EXPECT_TRUE(fused == unfused) << "fused and unfused differ (call " << call << ")";
+    } else {
+      h.expect_matches(unfused, q, k, v);
+    }
   }
 }
 
@@ -265,10 +273,10 @@ TEST(SpAttnCuda, ZigzagShards) {
 }
 
 // A captured call replayed on fresh inputs gives what an eager call gives.
-TEST(SpAttnCuda, GraphReplays) {
-  TL_SEEDED_RNG(rng);
+template <class Op>
+void graph_replays(test::Rng& rng) {
   Case c = make(2, 900, 8, 2, 128, true, rng);
-  Harness h(c);
+  Harness<Op> h(c);
   const SpAttnShape& s = c.shape;
   tlc::WorldGraph graph(h.world(), [&] { h.enqueue(true); });
   for (int replay = 0; replay < 3; ++replay) {
@@ -282,6 +290,37 @@ TEST(SpAttnCuda, GraphReplays) {
     h.world().sync("sp_attn (graph)");
     h.expect_matches(h.outputs(), q, k, v);
   }
+}
+
+TEST(SpAttnCuda, GraphReplays) {
+  TL_SEEDED_RNG(rng);
+  graph_replays<tlc::SpAttn>(rng);
+}
+
+// ring_attn: every world with ragged contiguous shards (an empty one among them) and zigzag shards,
+// causal and not, GQA, D 64, fp16, batch 2, without lse (the op's own buffer carries the merges).
+TEST(RingAttnCuda, WorldsShardsAndMasks) {
+  TL_SEEDED_RNG(rng);
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (bool causal : {false, true}) {
+      run_case<tlc::RingAttn>(make(world, 300 + 29 * world, 4, 2, 128, causal, rng), rng);
+      Case c = make(world, 280 + 31 * world, 4, 2, 128, causal, rng);
+      c.shard = SeqShard::kZigzag, c.split.clear();
+      run_case<tlc::RingAttn>(c, rng);
+    }
+  }
+  Case c = make(3, 500, 4, 1, 64, true, rng);
+  c.split = {200, 0, 300};  // an empty shard passes blocks of no rows
+  c.dtype = DType::kF16, c.shape.batch = 2, c.lse = false;
+  run_case<tlc::RingAttn>(c, rng);
+  c = make(4, 600, 8, 8, 64, false, rng);
+  c.lse = false;
+  run_case<tlc::RingAttn>(c, rng, 3);
+}
+
+TEST(RingAttnCuda, GraphReplays) {
+  TL_SEEDED_RNG(rng);
+  graph_replays<tlc::RingAttn>(rng);
 }
 
 TEST(SpAttnCuda, RefusesWhatItCannotRun) {
@@ -300,6 +339,10 @@ TEST(SpAttnCuda, RefusesWhatItCannotRun) {
   EXPECT_THROW(op.run(none, none, none, none_o, no_lse), Error);  // null tensors
   std::vector<const void*> one(1, nullptr);
   EXPECT_THROW(op.run(one, one, one, none_o, no_lse), Error);  // one entry for two ranks
+  tlc::RingAttn ring(world, s, even, DType::kBF16);
+  EXPECT_THROW(ring.run(none, none, none, none_o, no_lse), Error);
+  EXPECT_THROW(ring.run(one, one, one, none_o, no_lse), Error);
+  EXPECT_THROW(tlc::RingAttn(world, d96, even, DType::kBF16), Error);
 }
 
 }  // namespace

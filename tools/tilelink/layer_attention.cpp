@@ -99,8 +99,10 @@ class AttnProblem final : public LayerProblem {
     const std::string why = cuda_refusal();
     TL_REQUIRE(why.empty(), name_ << " --backend cuda: " << why);
     std::unique_ptr<AttnGpuRunner> gpu = attn_gpu().make(gpu_problem());
-    return check(run, [&](bool fused, const Shards& qs, const Shards& ks, const Shards& vs, Shards& o_,
-                          std::vector<std::vector<float>>& l_) { return gpu->run(fused, qs, ks, vs, o_, l_); });
+    CpuOutcome o = check(run, [&](bool fused, const Shards& qs, const Shards& ks, const Shards& vs, Shards& o_,
+                                  std::vector<std::vector<float>>& l_) { return gpu->run(fused, qs, ks, vs, o_, l_); });
+    o.identical_required = !ring_;  // the GPU ring merges W softmaxes; its baseline takes one
+    return o;
   }
 
  private:

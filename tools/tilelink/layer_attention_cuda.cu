@@ -1,6 +1,7 @@
-// The GPU side of `tilelink run sp_attn --backend cuda` (layer_ops.hpp, AttnGpuRunner): a world of
-// virtual ranks on one GPU and cuda::SpAttn (ops/attention_cuda.hpp), every rank's shards copied in
-// and its outputs copied back, the call timed with CUDA events on every rank's stream.
+// The GPU side of `tilelink run sp_attn|ring_attn --backend cuda` (layer_ops.hpp, AttnGpuRunner): a
+// world of virtual ranks on one GPU and cuda::SpAttn or cuda::RingAttn (ops/attention_cuda.hpp),
+// every rank's shards copied in and its outputs copied back, the call timed with CUDA events on
+// every rank's stream.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,7 +21,6 @@ namespace tlc = tilelink::cuda;
 
 
 std::string refusal(const AttnGpuProblem& p) {
-  if (p.ring) return "ring_attn has no CUDA implementation yet (sp_attn has)";
   if (p.dtype == DType::kF32) return "the CUDA form takes bf16 or fp16";
   if (p.shape.head_dim != 64 && p.shape.head_dim != 128) return "the CUDA form takes head dim 64 or 128";
   int devices = 0;
@@ -31,16 +31,18 @@ std::string refusal(const AttnGpuProblem& p) {
   return {};
 }
 
-class SpAttnRunner final : public AttnGpuRunner {
+// Op: tlc::SpAttn or tlc::RingAttn.
+template <class Op>
+class OpRunner final : public AttnGpuRunner {
  public:
-  explicit SpAttnRunner(const AttnGpuProblem& p) : p_(p) {
+  explicit OpRunner(const AttnGpuProblem& p) : p_(p) {
     tlc::WorldOptions wo;
     wo.transport = tlc::Transport::kVirtual;
     wo.world_size = p.world;
     world_ = std::make_unique<tlc::World>(wo);
-    op_ = std::make_unique<tlc::SpAttn>(*world_, p.shape, p.sharding, p.dtype);
+    op_ = std::make_unique<Op>(*world_, p.shape, p.sharding, p.dtype);
   }
-  ~SpAttnRunner() override {
+  ~OpRunner() override {
     bufs_.clear();
     op_.reset();
   }
@@ -73,7 +75,7 @@ class SpAttnRunner final : public AttnGpuRunner {
       TL_CUDA_CHECK(cudaMemcpy(bufs_[5 * r + 4]->get(), lse[r].data(), lse[r].size() * sizeof(float),
                                cudaMemcpyHostToDevice));
     }
-    world_->sync("sp_attn inputs");
+    world_->sync(p_.ring ? "ring_attn inputs" : "sp_attn inputs");
     std::vector<cudaEvent_t> ev(2 * W);
     for (int r = 0; r < W; ++r) {
       world_->bind(r);
@@ -87,7 +89,7 @@ class SpAttnRunner final : public AttnGpuRunner {
       world_->bind(r);
       TL_CUDA_CHECK(cudaEventRecord(ev[2 * r + 1], world_->stream(r)));
     }
-    world_->sync(fused ? "sp_attn" : "sp_attn(unfused)");
+    world_->sync(fused ? (p_.ring ? "ring_attn" : "sp_attn") : (p_.ring ? "ring_attn(unfused)" : "sp_attn(unfused)"));
     float ms = 0;
     for (int r = 0; r < W; ++r) {
       float t = 0;
@@ -107,7 +109,7 @@ class SpAttnRunner final : public AttnGpuRunner {
  private:
   AttnGpuProblem p_;
   std::unique_ptr<tlc::World> world_;
-  std::unique_ptr<tlc::SpAttn> op_;
+  std::unique_ptr<Op> op_;
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
 };
 
@@ -115,7 +117,8 @@ class SpAttnRunner final : public AttnGpuRunner {
 
 void attach_attention_layers_cuda() {
   attach_attn_gpu({refusal, [](const AttnGpuProblem& p) -> std::unique_ptr<AttnGpuRunner> {
-                     return std::make_unique<SpAttnRunner>(p);
+                     if (p.ring) return std::make_unique<OpRunner<tlc::RingAttn>>(p);
+                     return std::make_unique<OpRunner<tlc::SpAttn>>(p);
                    }});
 }
 

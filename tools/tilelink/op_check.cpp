@@ -125,12 +125,13 @@ CpuOutcome check_cpu(const OpSpec& spec, const OpProblem& p) {
 
 
 int report_cpu_outcome(const CpuOutcome& o, double tolerance, int calls) {
-  const bool ok = o.err_fused <= tolerance && o.err_unfused <= tolerance && o.identical;
+  const bool ok = o.err_fused <= tolerance && o.err_unfused <= tolerance && (o.identical || !o.identical_required);
   std::printf("  %-8s rel. error vs float64 (max over ranks and calls) %.3e   time median %.3f ms\n", "fused",
               o.err_fused, o.t_fused);
   std::printf("  %-8s rel. error vs float64 (max over ranks and calls) %.3e   time median %.3f ms\n", "unfused",
               o.err_unfused, o.t_unfused);
-  std::printf("  fused == unfused bit for bit: %s\n", o.identical ? "yes" : "NO");
+  std::printf("  fused == unfused bit for bit: %s\n",
+              o.identical ? "yes" : o.identical_required ? "NO" : "no (not required: the fused call sums in another order)");
   std::printf("%s (tolerance %.1e, %d calls)\n", ok ? "check passed" : "CHECK FAILED", tolerance, calls);
   return ok ? 0 : 1;
 }

@@ -79,26 +79,61 @@ class SpAttn {
   void enqueue_attention(int r, const void* q, void* o, float* lse, bool hooked, cudaStream_t stream);
   void enqueue_comm(int r, const void* k, const void* v);
 
-  // Rows of a rank's shard at contiguous positions: a query run (one engine launch) and a comm
-  // piece (one move, one comm tile of the position-ordered gathered buffer).
-  struct Run {
-    int64_t row0 = 0, rows = 0, pos0 = 0;
-  };
-  struct Piece {
-    int64_t row0 = 0;  // the first row in the owner's shard
-    RowRange pos;      // its positions
-    int tile = 0;      // its comm tile (kv_tiles_)
-  };
-  std::vector<Run> query_runs(int r) const;
   // The engine's SMs in a fused call on rank r (the rest are left to the copies).
   int attention_sms(int rank) const;
-  std::vector<Piece> pieces_of(int owner) const;
-  int64_t keys_needed(int r) const;
 
   World& world_;
   std::vector<SpAttnPlan> plans_;
   SegmentTiling kv_tiles_;  // comm tiles over positions: a rank's segment, or a zigzag chunk
   std::unique_ptr<detail::FusedRuntime> rt_;
+};
+
+// Ring attention on the CUDA backend: the RingAttnPlan of ops/attention_plan.hpp (shared with the
+// CPU), its ring on the copy engine and the sm90 engine folding each step's block by
+// log-sum-exp (AttnArgs::merge).
+//
+//   comm program     per rank on the rank's stream: the entry barrier, then per step s < W - 1:
+//                    wait for block s in receive slot s % 2 (filled), wait until the right
+//                    neighbour's slot (s + 1) % 2 is free again (its block forwarded there:
+//                    consumed; and folded there: done), copy block s (K and V, every batch entry)
+//                    into it and announce it there (filled), then announce block s forwarded
+//                    (consumed). Two receive slots a rank; one copy a batch entry and tensor a
+//                    step; a block moves on as soon as it is in, while the engine folds.
+//   compute program  per step on the rank's second stream: wait for block s, then the engine on
+//                    every SM of the rank, a block an item, per batch entry, query run and key
+//                    piece of the block's owner (a piece wholly past a query run's last position
+//                    under the mask is skipped): the first launch writes O and lse, every later one
+//                    folds into them; then announce the step folded (done). The engine never waits
+//                    inside a kernel, so the copies (a driver kernel on one GPU) always find SMs.
+//   baseline         SpAttn's unfused call: copy-engine AllGather of K and V, then the engine once
+//                    over all the keys (not the same bits: one softmax instead of W merged ones).
+//
+// Shards and types as SpAttn. With lse null the op keeps the log-sum-exp of its merges in a
+// buffer of its own. CUDA graphs: run() may be captured.
+class RingAttn {
+ public:
+  RingAttn(World& world, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype);
+  ~RingAttn();
+  RingAttn(const RingAttn&) = delete;
+  RingAttn& operator=(const RingAttn&) = delete;
+
+  const RingAttnPlan& plan(int rank) const { return plans_.at(rank); }
+
+  void run(const std::vector<const void*>& q, const std::vector<const void*>& k,
+           const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse);
+  void run_unfused(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                   const std::vector<const void*>& v, const std::vector<void*>& o,
+                   const std::vector<float*>& lse);
+
+ private:
+  void enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse);
+  void enqueue_ring(int r, const void* k, const void* v);
+
+  World& world_;
+  std::vector<RingAttnPlan> plans_;
+  std::unique_ptr<detail::FusedRuntime> rt_;
+  std::unique_ptr<SpAttn> gathered_;  // the baseline (and world 1)
+  std::vector<void*> own_lse_;        // per rank [B, S_r, Hq] fp32, for calls without lse
 };
 
 }  // namespace tilelink::cuda

@@ -40,6 +40,7 @@ void attention_check(const AttnArgs& a) {
   for (int t = 0; t < 4; ++t)
     TL_REQUIRE(reinterpret_cast<uintptr_t>(ptrs[t]) % 16 == 0,
                "sm90 attention: " << "qkvo"[t] << " must be 16-byte aligned (TMA)");
+  TL_REQUIRE(!a.merge || a.lse != nullptr, "sm90 attention: merge folds into O and lse: lse must be given");
   TL_REQUIRE(a.scale >= 0.f && std::isfinite(a.scale), "sm90 attention: scale must be finite and >= 0 (0: 1/sqrt(D))");
   int dev = 0, major = 0, minor = 0;
   TL_SM90_CUDA_CHECK(cudaGetDevice(&dev));

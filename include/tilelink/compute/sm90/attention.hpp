@@ -10,7 +10,9 @@
 // The causal mask works on positions: query row i is at position q_pos0 + i and key row j at
 // kv_pos0 + j; key j is masked from query i where its position is greater. So a shard of queries
 // attends to a gathered or partial sequence by saying where both start (q_pos0 = kv_pos0 = 0 is the
-// usual square mask). A row that sees no key at all gets O = 0 and lse = -inf.
+// usual square mask). A row that sees no key at all gets O = 0 and lse = -inf. With `merge` the
+// call folds its keys into the partial result already in O and lse (the keys' order does not
+// matter to softmax): ring attention's steps, or a key range split over calls.
 //
 // The kernel: a block an item of kAttnBlockM = 128 query rows of one (b, h), or (num_sms) a
 // persistent block an SM walking the items in turn; the query blocks fastest (a head's blocks run
@@ -66,6 +68,10 @@ struct AttnArgs {
   // op starts at its own rank's rows, whose tiles are ready first.
   int64_t kv_walk_from = -1;
   DType dtype = DType::kBF16;      // kBF16 or kF16, every tensor but lse
+  // O and lse (required) already hold the attention of these queries over other keys: this call's
+  // is folded in by log-sum-exp (a ring step, a split key range). A row with lse -inf there has
+  // seen no key yet (its O is not read).
+  bool merge = false;
   // Blocks of a persistent grid (one an SM, each walking items in turn), for a caller that keeps
   // SMs for other work (a comm program's copies); 0: a block an item, the fastest on a whole GPU.
   int num_sms = 0;

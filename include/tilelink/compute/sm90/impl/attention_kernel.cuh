@@ -110,6 +110,9 @@ struct AttnParams {
   int64_t kv_walk_from;  // AttnArgs::kv_walk_from
   float scale_log2;  // scale · log2(e)
   bool causal;
+  bool merge;  // AttnArgs::merge: O (o, o_stride_*) and lse hold a partial to fold this call's into
+  const void* o;
+  int64_t o_stride_b, o_stride_s, o_stride_h;
 };
 
 // The key/value tiles a block of queries visits: tiles [0, n), taken down from `start` (the tile
@@ -207,6 +210,14 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
     const __half2 v = __floats2half2_rn(a, b);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
+}
+
+// Two consecutive elements of a partial O in global memory, as floats.
+template <class In>
+__device__ __forceinline__ float2 unpack2(const In* at) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(at);
+  if constexpr (std::is_same_v<In, __nv_bfloat16>) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  else return __half22float2(*reinterpret_cast<const __half2*>(&u));
 }
 
 // One consumer thread's share of the online softmax: its two rows' running max (raw scores) and
@@ -479,7 +490,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The epilogue: the quad's partial sums, O / l into this warpgroup's rows of Q's buffer (the
     // swizzled box layout the O map stores from; every MMA reading them is done), lse from
     // registers.
-    float inv[2];
+    // Merging: this call's (O_c, lse_c) and the partial (O_p, lse_p) already in O and lse weigh
+    // exp(lse_c - lse) and exp(lse_p - lse), lse = log(exp(lse_c) + exp(lse_p)); a side with
+    // lse -inf (no key seen) weighs 0, and its O is never read.
+    float inv[2], keep[2] = {0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = state.l[r];
@@ -487,10 +501,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       inv[r] = l > 0.f ? 1.f / l : 0.f;
       const int row = row0 + 8 * r;
-      if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) {
-        const float lse = l > 0.f ? (state.m[r] * p.scale_log2 + __log2f(l)) * 0.69314718055994530942f : -INFINITY;
-        p.lse[w.batch * p.lse_stride_b + w.head * p.lse_stride_h + row * p.lse_stride_s] = lse;
+      float lse = l > 0.f ? (state.m[r] * p.scale_log2 + __log2f(l)) * 0.69314718055994530942f : -INFINITY;
+      float* lse_at = p.lse + (w.batch * p.lse_stride_b + w.head * p.lse_stride_h + row * p.lse_stride_s);
+      if (p.merge && row < p.seq_q) {
+        const float prev = *lse_at;
+        const float hi = fmaxf(prev, lse);
+        if (hi != -INFINITY) {
+          const float wp = __expf(prev - hi), wc = __expf(lse - hi), sum = wp + wc;
+          keep[r] = wp / sum;
+          inv[r] *= wc / sum;
+          lse = hi + __logf(sum);
+        }
       }
+      __syncwarp();  // the quad has read the partial's lse
+      if (p.lse != nullptr && lane % 4 == 0 && row < p.seq_q) *lse_at = lse;
     }
     uint8_t* q_wg_ptr = smem + wg * kWgRows * kRowBytes;
 #pragma unroll
@@ -501,8 +525,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int r = 0; r < 2; ++r) {
         const int row = warp * 16 + lane / 4 + 8 * r;  // in the warpgroup's 64 rows
         const int chunk = (byte / 16) ^ (row % 8);
+        float2 prev = make_float2(0.f, 0.f);
+        if (keep[r] != 0.f) prev = unpack2<In>(static_cast<const In*>(p.o) + w.batch * p.o_stride_b +
+                                               (row0 + 8 * r) * p.o_stride_s + w.head * p.o_stride_h + col);
         *reinterpret_cast<uint32_t*>(q_wg_ptr + box * L::kQBoxBytes + row * kRowBytes + chunk * 16 + byte % 16) =
-            pack2<In>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+            pack2<In>(fmaf(prev.x, keep[r], o[4 * j + 2 * r] * inv[r]), fmaf(prev.y, keep[r], o[4 * j + 2 * r + 1] * inv[r]));
       }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -587,6 +614,9 @@ void launch_attention(const AttnArgs& a, const Hooks& hooks, int num_sms, cudaSt
   const float scale = a.scale != 0.f ? a.scale : 1.f / std::sqrt(static_cast<float>(D));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.causal = a.causal;
+  p.merge = a.merge;
+  p.o = a.o;
+  p.o_stride_b = os.b, p.o_stride_s = os.s, p.o_stride_h = os.h;
 
   p.kv_walk_from = a.kv_walk_from;
 
