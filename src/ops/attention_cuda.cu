@@ -255,6 +255,17 @@ void SpAttn::run(const std::vector<const void*>& q, const std::vector<const void
       [&](int r) { enqueue_comm(r, k[r], v[r]); });
 }
 
+PathChoice SpAttn::choose(OpPath requested) const {
+  return rt_->choose(requested, attention_sms(rt_->first_rank()),
+                     [&](int r, const MachineModel& m) { return choose_path(plans_[r], m, requested); });
+}
+
+void SpAttn::run_auto(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                      const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse,
+                      OpPath requested) {
+  detail::run_chosen(*this, requested, q, k, v, o, lse);
+}
+
 void SpAttn::run_comm_only(const std::vector<const void*>& k, const std::vector<const void*>& v) {
   rt_->require_eager("run_comm_only");
   TL_REQUIRE(world_.size() > 1, "sp_attn: run_comm_only needs a world of more than one rank");
@@ -447,6 +458,17 @@ void RingAttn::run_unfused(const std::vector<const void*>& q, const std::vector<
                            const std::vector<const void*>& v, const std::vector<void*>& o,
                            const std::vector<float*>& lse) {
   gathered_->run_unfused(q, k, v, o, lse);
+}
+
+PathChoice RingAttn::choose(OpPath requested) const {
+  return rt_->choose(requested, world_.sm_count(rt_->first_rank()),
+                     [&](int r, const MachineModel& m) { return choose_path(plans_[r], m, requested); });
+}
+
+void RingAttn::run_auto(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                        const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse,
+                        OpPath requested) {
+  detail::run_chosen(*this, requested, q, k, v, o, lse);
 }
 
 }  // namespace tilelink::cuda

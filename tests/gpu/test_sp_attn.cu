@@ -94,18 +94,14 @@ class Harness {
       TL_CUDA_CHECK(cudaMemset(lse_[r]->p, 0xff, lse_[r]->bytes));
     }
   }
-  // Enqueues one call on every rank's stream (no sync).
+  // Enqueues one call on every rank's stream (no sync): fused, unfused or on the model's path.
   void enqueue(bool fused) {
-    std::vector<const void*> q(c_.world), k(c_.world), v(c_.world);
-    std::vector<void*> o(c_.world);
-    std::vector<float*> lse(c_.world);
-    for (int r = 0; r < c_.world; ++r) {
-      q[r] = q_[r]->p, k[r] = k_[r]->p, v[r] = v_[r]->p, o[r] = o_[r]->p;
-      lse[r] = c_.lse ? lse_[r]->as<float>() : nullptr;
-    }
-    if (fused) op_.run(q, k, v, o, lse);
-    else op_.run_unfused(q, k, v, o, lse);
+    with_operands([&](auto&... x) { fused ? op_.run(x...) : op_.run_unfused(x...); });
   }
+  void enqueue_auto() {
+    with_operands([&](auto&... x) { op_.run_auto(x...); });
+  }
+  Op& op() { return op_; }
   // O and lse of every rank, concatenated in rank order.
   Bytes outputs() {
     Bytes out;
@@ -165,6 +161,18 @@ class Harness {
   }
 
  private:
+  // fn(q, k, v, o, lse): every rank's device operands.
+  template <class Fn>
+  void with_operands(Fn&& fn) {
+    std::vector<const void*> q(c_.world), k(c_.world), v(c_.world);
+    std::vector<void*> o(c_.world);
+    std::vector<float*> lse(c_.world);
+    for (int r = 0; r < c_.world; ++r) {
+      q[r] = q_[r]->p, k[r] = k_[r]->p, v[r] = v_[r]->p, o[r] = o_[r]->p;
+      lse[r] = c_.lse ? lse_[r]->as<float>() : nullptr;
+    }
+    fn(q, k, v, o, lse);
+  }
   double to_double(const std::byte* p) const {
     uint16_t bits;
     std::memcpy(&bits, p, 2);
@@ -316,6 +324,30 @@ TEST(RingAttnCuda, WorldsShardsAndMasks) {
   c = make(4, 600, 8, 8, 64, false, rng);
   c.lse = false;
   run_case<tlc::RingAttn>(c, rng, 3);
+}
+
+// The path model on virtual ranks: unfused (the copies share the ranks' SMs: measured slower fused),
+// the bare engine at world 1; run_auto gives what the chosen path gives.
+TEST(SpAttnCuda, AutoPath) {
+  TL_SEEDED_RNG(rng);
+  for (int world : {1, 2}) {
+    Case c = make(world, 400, 4, 2, 128, true, rng);
+    Harness<tlc::SpAttn> h(c);
+    tlc::SpAttn& op = h.op();
+    EXPECT_EQ(op.choose().path, world == 1 ? OpPath::kFused : OpPath::kUnfused) << op.choose().why;
+    EXPECT_EQ(op.choose(OpPath::kFused).path, OpPath::kFused);
+    Harness<tlc::RingAttn> hr(c);
+    EXPECT_EQ(hr.op().choose().path, world == 1 ? OpPath::kFused : OpPath::kUnfused) << hr.op().choose().why;
+    const Bytes q = rng.tensor(c.dtype, c.shape.seq * c.shape.heads_q * c.shape.head_dim);
+    const Bytes k = rng.tensor(c.dtype, c.shape.seq * c.shape.heads_kv * c.shape.head_dim);
+    const Bytes v = rng.tensor(c.dtype, c.shape.seq * c.shape.heads_kv * c.shape.head_dim);
+    h.upload(q, k, v);
+    h.world().sync("inputs");
+    h.poison();
+    h.enqueue_auto();
+    h.world().sync("sp_attn (auto)");
+    h.expect_matches(h.outputs(), q, k, v);
+  }
 }
 
 TEST(RingAttnCuda, GraphReplays) {

@@ -2,6 +2,9 @@
 // choice follows the predicted times (fused wins only where communication is a real share).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "tilelink/core/error.hpp"
 #include "tilelink/tune/gemm_ar_model.hpp"
 #include "tilelink/tune/path_model.hpp"
@@ -376,6 +379,84 @@ TEST(GemmArModel, FusedWhereTheGemmHidesTheReads) {
   m.gemm_sms = 66;
   const PathChoice few = choose_path(ar_plan(8, 8192, 8192, 8 * 8192, AllReduceAlgo::kTwoShot), m, OpPath::kAuto);
   EXPECT_GT(few.fused_us, big.fused_us);
+}
+
+// ---- sequence-parallel attention ----------------------------------------------------------------
+
+SpAttnShape attn_shape(int64_t seq, bool causal, SeqShard shard) {
+  SpAttnShape s;
+  s.batch = 2, s.seq = seq, s.heads_q = 8, s.heads_kv = 2, s.head_dim = 128, s.causal = causal, s.shard = shard;
+  return s;
+}
+SeqSharding attn_sharding(SeqShard shard, int64_t seq, int world) {
+  std::vector<int64_t> segs;
+  if (shard == SeqShard::kContiguous) {
+    const RowPartition even = RowPartition::even(seq, world);
+    for (int r = 0; r < world; ++r) segs.push_back(even.size(r));
+  }
+  return SeqSharding::make(shard, seq, world, segs);
+}
+
+// The FLOPs counted pair by pair: every rank's queries by position against the keys they see; the
+// ranks' shares add up to the whole attention (causal: S (S + 1) / 2 pairs).
+TEST(AttnPathModel, FlopsAndBytesCountWhatEachRankDoes) {
+  for (SeqShard shard : {SeqShard::kContiguous, SeqShard::kZigzag}) {
+    for (bool causal : {false, true}) {
+      for (int world : {1, 3, 4}) {
+        const int64_t seq = 1000 + 7 * world;
+        const SpAttnShape s = attn_shape(seq, causal, shard);
+        const SeqSharding sh = attn_sharding(shard, seq, world);
+        double total = 0;
+        for (int r = 0; r < world; ++r) {
+          const SpAttnPlan p = SpAttnPlan::make(r, s, sh, DType::kBF16, {});
+          double pairs = 0;
+          int64_t last = -1;
+          for (int64_t i = 0; i < sh.rows.size(r); ++i) {
+            const int64_t pos = sh.position_of(r, i);
+            pairs += causal ? pos + 1 : seq;
+            last = std::max(last, pos);
+          }
+          const double flops = 4.0 * s.batch * s.heads_q * s.head_dim * pairs;
+          EXPECT_DOUBLE_EQ(attention_rank_flops(p), flops) << "rank " << r;
+          total += flops;
+          // sp_attn receives every other rank's rows it reads; the ring every other rank's rows.
+          double rows = 0;
+          for (int o = 0; o < world; ++o)
+            for (int64_t i = 0; i < sh.rows.size(o) && o != r; ++i) rows += !causal || sh.position_of(o, i) <= last;
+          const double row_bytes = 2.0 * s.batch * s.heads_kv * s.head_dim * 2;
+          if (shard == SeqShard::kContiguous || !causal) EXPECT_DOUBLE_EQ(sp_attn_comm_bytes(p), rows * row_bytes);
+          else EXPECT_GE(sp_attn_comm_bytes(p), rows * row_bytes);  // a zigzag chunk moves whole
+          const RingAttnPlan ring = RingAttnPlan::make(r, s, sh, DType::kBF16, 64, 1);
+          EXPECT_DOUBLE_EQ(ring_attn_comm_bytes(ring), (seq - sh.rows.size(r)) * row_bytes);
+        }
+        const double pairs = causal ? seq * (seq + 1.0) / 2 : double(seq) * seq;
+        EXPECT_DOUBLE_EQ(total, 4.0 * s.batch * s.heads_q * s.head_dim * pairs);
+      }
+    }
+  }
+}
+
+TEST(AttnPathModel, SharedGpuUnfusedOneRankFusedElsePredicted) {
+  MachineModel m = links();
+  const SpAttnShape s = attn_shape(8192, true, SeqShard::kContiguous);
+  const SeqSharding one = attn_sharding(SeqShard::kContiguous, 8192, 1);
+  EXPECT_EQ(choose_path(SpAttnPlan::make(0, s, one, DType::kBF16, {}), m, OpPath::kAuto).path, OpPath::kFused);
+  const SeqSharding four = attn_sharding(SeqShard::kContiguous, 8192, 4);
+  const SpAttnPlan p = SpAttnPlan::make(3, s, four, DType::kBF16, {});
+  const RingAttnPlan ring = RingAttnPlan::make(3, s, four, DType::kBF16, 64, 1);
+  MachineModel shared = m;
+  shared.ranks_share_gpu = true;  // measured: fused slower at every shape on one GPU
+  EXPECT_EQ(choose_path(p, shared, OpPath::kAuto).path, OpPath::kUnfused);
+  EXPECT_EQ(choose_path(ring, shared, OpPath::kAuto).path, OpPath::kUnfused);
+  EXPECT_EQ(choose_path(p, shared, OpPath::kFused).path, OpPath::kFused);
+  for (const PathChoice& c : {choose_path(p, m, OpPath::kAuto), choose_path(ring, m, OpPath::kAuto)}) {
+    EXPECT_GT(c.unfused_us, 0) << c.why;
+    EXPECT_EQ(c.path, c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused) << c.why;
+  }
+  // Rank 0 under the mask reads no other rank's keys: nothing to hide, never fused.
+  const SpAttnPlan first = SpAttnPlan::make(0, s, four, DType::kBF16, {});
+  EXPECT_EQ(sp_attn_comm_bytes(first), 0.0);
+  EXPECT_EQ(choose_path(first, m, OpPath::kAuto).path, OpPath::kUnfused);
 }
 
 }  // namespace

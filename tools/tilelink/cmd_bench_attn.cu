@@ -464,19 +464,20 @@ int bench_seq_parallel(Args& args) {
         "# bench ring_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
         "unfused = copy-engine AllGather of K and V, then the engine once; fused = the ring on the copy engine, "
         "each step's block folded by the engine (log-sum-exp merge) while the next one moves; ms: host wall "
-        "medians of %d after %d warm-ups; check: fused within 2e-2 of unfused on every element of every rank\n",
+        "medians of %d after %d warm-ups; check: fused within 2e-2 of unfused on every element of every rank; "
+        "auto: the path model's choice\n",
         std::string(dtype_name(dtype)).c_str(), shard_opt == "zigzag" ? "zigzag" : "contiguous even", reps, warmup);
-    std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused | speedup | check\n");
+    std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused | speedup | check | auto\n");
   } else {
     std::printf(
         "# bench sp_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
         "unfused = copy-engine AllGather of K and V, then the engine; fused = the engine waiting per key/value tile "
         "beside the copy engine's tiles; comm / attn = the parts alone; ideal = max(comm, attn); overlap = (comm + "
         "attn - fused) / min(comm, attn); ms: host wall medians of %d after %d warm-ups; check: fused and unfused "
-        "bit-identical on every rank\n",
+        "bit-identical on every rank; auto: the path model's choice\n",
         std::string(dtype_name(dtype)).c_str(), shard_opt == "zigzag" ? "zigzag" : "contiguous even", reps, warmup);
     std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused     comm     attn    ideal | speedup "
-                "overlap | check\n");
+                "overlap | check | auto\n");
   }
   int failed = 0;
   for (int64_t W : worlds) {
@@ -569,12 +570,15 @@ int bench_seq_parallel(Args& args) {
         const double u = median_of(t_unfused), f = median_of(t_fused), c = median_of(t_comm), a = median_of(t_attn);
         const double overlap = W > 1 && std::min(c, a) > 0 ? (c + a - f) / std::min(c, a) : 0.0;
         if constexpr (kRing) {
-          std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f | %7.3f | %s\n", (long long)W, sh.batch,
+          std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f | %7.3f | %5s | %s\n", (long long)W, sh.batch,
                       (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim, causal ? "yes" : "no", u, f, u / f,
-                      same ? "ok" : "FAIL");
-        } else std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f %8.3f %8.3f %8.3f | %7.3f %7.2f | %s\n",
-                    (long long)W, sh.batch, (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim,
-                    causal ? "yes" : "no", u, f, c, a, std::max(c, a), u / f, overlap, same ? "ok" : "FAIL");
+                      same ? "ok" : "FAIL", op_path_name(op.choose().path));
+        } else {
+          std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f %8.3f %8.3f %8.3f | %7.3f %7.2f | %5s | %s\n",
+                      (long long)W, sh.batch, (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim,
+                      causal ? "yes" : "no", u, f, c, a, std::max(c, a), u / f, overlap, same ? "ok" : "FAIL",
+                      op_path_name(op.choose().path));
+        }
         std::fflush(stdout);
         if (!same) ++failed;
       }

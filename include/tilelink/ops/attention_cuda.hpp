@@ -38,6 +38,7 @@
 #include "tilelink/core/segment_tiling.hpp"
 #include "tilelink/ops/attention_plan.hpp"
 #include "tilelink/runtime/world.hpp"
+#include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cuda {
 
@@ -63,6 +64,11 @@ class SpAttn {
   void run_unfused(const std::vector<const void*>& q, const std::vector<const void*>& k,
                    const std::vector<const void*>& v, const std::vector<void*>& o,
                    const std::vector<float*>& lse);
+  // The path model's choice (tune/path_model.hpp; every rank the same), and the call on it.
+  PathChoice choose(OpPath requested = OpPath::kAuto) const;
+  void run_auto(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse,
+                OpPath requested = OpPath::kAuto);
 
   // Parts, for the bench's bounds (eager only): the comm program alone, and then the engines alone
   // (their waits find this call's tiles already there: the engine with its hooks, on its SMs).
@@ -124,6 +130,10 @@ class RingAttn {
   void run_unfused(const std::vector<const void*>& q, const std::vector<const void*>& k,
                    const std::vector<const void*>& v, const std::vector<void*>& o,
                    const std::vector<float*>& lse);
+  PathChoice choose(OpPath requested = OpPath::kAuto) const;
+  void run_auto(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse,
+                OpPath requested = OpPath::kAuto);
 
  private:
   void enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse);

@@ -13,6 +13,7 @@
 // fused is chosen when it is predicted at least `margin` faster. When the ranks share one GPU
 // (virtual transport) the communication is a same-GPU copy that competes with the GEMM for the same
 // SMs and memory: measured slower fused at every shape (bench/notes/fused_ops_cuda.md), so unfused.
+// The attention ops (sp_attn, ring_attn) take the same form with the attention engine's rate.
 // With one rank the plan overloads take the fused path: it is the bare engine (nothing to overlap,
 // nothing to pay), while the baseline still runs a one-rank collective.
 #pragma once
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "tilelink/ops/ag_gemm_plan.hpp"
+#include "tilelink/ops/attention_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
 
 namespace tilelink {
@@ -83,6 +85,9 @@ struct MachineModel {
   // wave holds every owner's tiles alike: TileOrder::bands). The fit was made with the staggered
   // order before it, whose last waves held only the owner's own tiles; the banded order measured
   // 0-4% faster fused (2026-11-30), so the model is now slightly conservative.
+  // Sequence-parallel attention: the sm90 attention engine's sustained rate, bf16, head dim 128
+  // (bench attention on one H200, 2026-12-04: 610-685 TFLOP/s over 12 shapes; D 64 435-450).
+  double attn_tflops = 620;
   double reduce_during_gbps = 10;
   double reduce_after_gbps = 350;
   double rs_fused_overhead_us = 0;
@@ -123,6 +128,18 @@ double gemm_rs_fused_us(const GemmRsPlan& p, const MachineModel& m, int reduce_s
 // are free for the reduce). Fewer SMs leave the GEMM whole waves (8192x4096 on 128 SMs: 8 waves
 // of 1024 tiles; on 123: 9), more finish the reduce sooner.
 int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m);
+
+// Sequence-parallel attention. attention_rank_flops: the FLOPs of rank p.rank's queries (4 B Hq D a
+// visible (query, key) pair: every key, or under the mask those at or before the query's
+// position). The bytes of K and V a rank receives: sp_attn, the other ranks' rows its queries
+// read (under the mask none past its last position); ring_attn, every other rank's block.
+double attention_rank_flops(const AttnLayout& p);
+double sp_attn_comm_bytes(const SpAttnPlan& p);
+double ring_attn_comm_bytes(const RingAttnPlan& p);
+// The engine at m.attn_tflops in place of the GEMM's rate; sp_attn's comm tiles are the other
+// ranks' pieces it moves, the ring's its W - 1 steps.
+PathChoice choose_path(const SpAttnPlan& p, const MachineModel& m, OpPath requested);
+PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested);
 
 // The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
 // down a different path than the others (each process of an ipc world decides alone, on the same
