@@ -3,7 +3,6 @@
 // on the fused-op runtime (fused_runtime.hpp).
 #include "tilelink/ops/attention_cuda.hpp"
 
-#include "attn_runs.hpp"
 #include "fused_runtime.hpp"
 
 #include "tilelink/backend/cuda/check.hpp"
@@ -16,9 +15,7 @@
 
 namespace tilelink::cuda {
 
-using detail::KeyPiece;
 using detail::LaunchOrder;
-using detail::QueryRun;
 namespace sm90 = compute::sm90;
 
 namespace {
@@ -83,6 +80,16 @@ void check_attn_args(const char* op, const detail::FusedRuntime& rt, const World
   if (any) rt.check_operand("lse", lse, false, empty);
 }
 
+// What every rank of an attention op must agree on.
+Agreement attn_agreement(const char* op, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype) {
+  Agreement a(op);
+  a.add("world", sharding.rows.world_size).add("dtype", static_cast<int64_t>(dtype)).add("S rows", sharding.rows);
+  a.add("batch", shape.batch).add("heads_q", shape.heads_q).add("heads_kv", shape.heads_kv);
+  a.add("head_dim", shape.head_dim).add("causal", static_cast<int64_t>(shape.causal));
+  a.add("shard", static_cast<int64_t>(sharding.shard));
+  return a;
+}
+
 }  // namespace
 
 SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& sharding, DType dtype) : world_(world) {
@@ -100,7 +107,7 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
   // a peer whose operations it had not yet enqueued: the call never ran (measured on the H200; a
   // move a tile was also ~25 us an operation).
   const bool zigzag = sharding.shard == SeqShard::kZigzag;
-  const RowPartition& runs = detail::piece_parts(sharding);
+  const RowPartition& runs = piece_parts(sharding);
   kv_tiles_ = SegmentTiling::make(runs, static_cast<int>(std::max<int64_t>(1, runs.max_size())));
   TL_REQUIRE(kv_tiles_.num_tiles() <= kMaxCommTiles, "sp_attn: " << kv_tiles_.num_tiles() << " comm tiles, at most "
                                                                   << kMaxCommTiles);
@@ -112,11 +119,7 @@ SpAttn::SpAttn(World& world, const SpAttnShape& shape, const SeqSharding& shardi
   TL_REQUIRE(plans_[0].k[0].tiles.num_tiles() >= kv_tiles_.num_tiles(),
              "sp_attn: internal: " << plans_[0].k[0].tiles.num_tiles() << " tile_ready slots for "
                                    << kv_tiles_.num_tiles() << " comm tiles");
-  Agreement agreement("sp_attn");
-  agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("S rows", sharding.rows);
-  agreement.add("batch", shape.batch).add("heads_q", shape.heads_q).add("heads_kv", shape.heads_kv);
-  agreement.add("head_dim", shape.head_dim).add("causal", static_cast<int64_t>(shape.causal));
-  agreement.add("shard", static_cast<int64_t>(sharding.shard));
+  Agreement agreement = attn_agreement("sp_attn", shape, sharding, dtype);
   rt_ = std::make_unique<detail::FusedRuntime>(world, "sp_attn", std::move(agreement), plans_[0].ws_bytes);
 
   // Every kernel of a call loaded in every rank's context before any of them spins: one launch of
@@ -158,10 +161,10 @@ void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool h
   if (n == 0) return;
   const int64_t eb = dtype_size(p.dtype), q_row = int64_t{s.heads_q} * s.head_dim;
   // The walk starts at the last of the rank's own positions: its own keys, in place first.
-  const std::vector<KeyPiece> own = detail::key_pieces(p.sharding, r);
+  const std::vector<KeyPiece> own = key_pieces(p.sharding, r);
   const int64_t own_last = own.back().pos.end - 1;
   for (int b = 0; b < s.batch; ++b) {
-    for (const QueryRun& run : detail::query_runs(p)) {
+    for (const QueryRun& run : query_runs(p)) {
       const int64_t row0 = b * n + run.row0;
       sm90::AttnArgs a;
       a.q = static_cast<const std::byte*>(q) + row0 * q_row * eb;
@@ -201,14 +204,14 @@ void SpAttn::enqueue_comm(int r, const void* k, const void* v) {
   const uint64_t epoch = rt_->value(r);
   x.barrier(p.barrier, epoch);
   const int64_t block = p.local_rows() * p.kv_row_bytes();  // a batch entry of this rank's K or V
-  const int64_t needed = detail::keys_needed(p);
+  const int64_t needed = keys_needed(p);
   // The AllGather's pull program over the pieces (comm/allgather.hpp's, with the gathered rows at
   // their positions): the own pieces first, then rank - 1's, ...; a piece the queries never read
   // (past the last key under the mask) is never moved.
   for (int b = 0; b < p.shape.batch; ++b) {
     for (int s = 0; s < W; ++s) {
       const int owner = ((r - s) % W + W) % W;
-      for (const KeyPiece& piece : detail::key_pieces(p.sharding, owner)) {
+      for (const KeyPiece& piece : key_pieces(p.sharding, owner)) {
         if (piece.pos.begin >= needed) continue;
         const int tile = kv_tiles_.first[piece.part];
         for (int kv = 0; kv < 2; ++kv) {
@@ -300,7 +303,7 @@ void SpAttn::run_unfused(const std::vector<const void*>& q, const std::vector<co
       SymmetricView heap = rt_->view(r);
       const int64_t block = p.local_rows() * p.kv_row_bytes(), rb = p.kv_row_bytes();
       for (int b = 0; b < p.shape.batch; ++b) {
-        for (const KeyPiece& piece : detail::key_pieces(p.sharding, r)) {
+        for (const KeyPiece& piece : key_pieces(p.sharding, r)) {
           for (int s = 0; s < world_.size(); ++s) {
             const int peer = peer_at(r, s, world_.size());
             for (int kv = 0; kv < 2; ++kv) {
@@ -329,11 +332,7 @@ RingAttn::RingAttn(World& world, const SpAttnShape& shape, const SeqSharding& sh
   // The baseline first: it checks what both take (sharding, dtype, head dim) by name.
   gathered_ = std::make_unique<SpAttn>(world, shape, sharding, dtype);
   for (int r = 0; r < W; ++r) plans_.push_back(RingAttnPlan::make(r, shape, sharding, dtype, 64, 1));
-  Agreement agreement("ring_attn");
-  agreement.add("world", W).add("dtype", static_cast<int64_t>(dtype)).add("S rows", sharding.rows);
-  agreement.add("batch", shape.batch).add("heads_q", shape.heads_q).add("heads_kv", shape.heads_kv);
-  agreement.add("head_dim", shape.head_dim).add("causal", static_cast<int64_t>(shape.causal));
-  agreement.add("shard", static_cast<int64_t>(sharding.shard));
+  Agreement agreement = attn_agreement("ring_attn", shape, sharding, dtype);
   rt_ = std::make_unique<detail::FusedRuntime>(world, "ring_attn", std::move(agreement), plans_[0].ws_bytes);
   own_lse_.assign(W, nullptr);
   for (int r : world.local_ranks()) {
@@ -362,7 +361,7 @@ void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v,
   sc.stream = rt_->gemm_stream(r);
   const SymmetricView heap = rt_->view(r);
   const int64_t eb = dtype_size(p.dtype), q_row = int64_t{s.heads_q} * s.head_dim, rb = p.kv_row_bytes();
-  const std::vector<QueryRun> runs = detail::query_runs(p);
+  const std::vector<QueryRun> runs = query_runs(p);
   std::vector<char> written(runs.size() * s.batch, 0);
   for (int step = 0; step < W; ++step) {
     if (step >= 1)
@@ -375,7 +374,7 @@ void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v,
     const int64_t stride = step == 0 ? n * rb : p.block_bytes();
     // Without the mask positions do not matter: the whole block is one piece.
     std::vector<KeyPiece> pieces;
-    if (s.causal) pieces = detail::key_pieces(p.sharding, owner);
+    if (s.causal) pieces = key_pieces(p.sharding, owner);
     else if (owner_rows > 0) pieces.push_back({0, RowRange{0, owner_rows}, owner});
     for (int b = 0; b < s.batch && n > 0; ++b) {
       for (size_t ri = 0; ri < runs.size(); ++ri) {

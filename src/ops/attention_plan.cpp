@@ -1,6 +1,7 @@
 // SpAttnPlan::make and SeqSharding::make (ops/attention_plan.hpp).
 #include "tilelink/ops/attention_plan.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tilelink/core/error.hpp"
@@ -82,6 +83,48 @@ RingAttnPlan RingAttnPlan::make(int rank, const SpAttnShape& shape, const SeqSha
   p.barrier = b.add<Signal>(p.world_size);
   p.ws_bytes = b.num_bytes();
   return p;
+}
+
+const RowPartition& piece_parts(const SeqSharding& sh) {
+  return sh.shard == SeqShard::kZigzag ? sh.chunks : sh.rows;
+}
+
+std::vector<QueryRun> query_runs(const AttnLayout& p) {
+  const SeqSharding& sh = p.sharding;
+  const int r = p.rank, w = p.world_size;
+  std::vector<QueryRun> runs;
+  auto add = [&](int64_t row0, int64_t rows, int64_t pos0) {
+    if (rows > 0) runs.push_back({row0, rows, pos0});
+  };
+  if (sh.shard == SeqShard::kContiguous) {
+    add(0, p.local_rows(), sh.rows.begin(r));
+  } else if (p.shape.causal) {
+    add(0, sh.chunks.size(r), sh.chunks.begin(r));
+    add(sh.chunks.size(r), sh.chunks.size(2 * w - 1 - r), sh.chunks.begin(2 * w - 1 - r));
+  } else {
+    add(0, p.local_rows(), 0);
+  }
+  return runs;
+}
+
+std::vector<KeyPiece> key_pieces(const SeqSharding& sh, int owner) {
+  const int w = sh.rows.world_size;
+  const RowPartition& parts = piece_parts(sh);
+  std::vector<KeyPiece> pieces;
+  auto add = [&](int64_t row0, int part) {
+    const RowRange pos{parts.begin(part), parts.end(part)};
+    if (pos.size() > 0) pieces.push_back({row0, pos, part});
+  };
+  add(0, owner);
+  if (sh.shard == SeqShard::kZigzag) add(sh.chunks.size(owner), 2 * w - 1 - owner);
+  return pieces;
+}
+
+int64_t keys_needed(const AttnLayout& p) {
+  if (!p.shape.causal) return p.shape.seq;
+  int64_t end = 0;
+  for (const QueryRun& q : query_runs(p)) end = std::max(end, q.pos_end());
+  return end;
 }
 
 }  // namespace tilelink

@@ -161,51 +161,22 @@ PathChoice choose_path(const GemmRsPlan& p, const MachineModel& m, OpPath reques
 
 // ---- sequence-parallel attention ----------------------------------------------------------------
 
-namespace {
-// Rank p.rank's query runs at contiguous positions: (first position, rows).
-std::vector<std::pair<int64_t, int64_t>> attn_query_runs(const AttnLayout& p) {
-  const SeqSharding& sh = p.sharding;
-  if (sh.shard == SeqShard::kContiguous) return {{sh.rows.begin(p.rank), sh.rows.size(p.rank)}};
-  const int w = p.world_size;
-  return {{sh.chunks.begin(p.rank), sh.chunks.size(p.rank)},
-          {sh.chunks.begin(2 * w - 1 - p.rank), sh.chunks.size(2 * w - 1 - p.rank)}};
-}
-// Position ranges of rank `owner`'s rows.
-std::vector<RowRange> attn_owner_ranges(const SeqSharding& sh, int owner) {
-  if (sh.shard == SeqShard::kContiguous) return {{sh.rows.begin(owner), sh.rows.end(owner)}};
-  const int w = sh.rows.world_size;
-  return {{sh.chunks.begin(owner), sh.chunks.end(owner)},
-          {sh.chunks.begin(2 * w - 1 - owner), sh.chunks.end(2 * w - 1 - owner)}};
-}
-}  // namespace
-
 double attention_rank_flops(const AttnLayout& p) {
   double pairs = 0;
-  for (auto [pos0, rows] : attn_query_runs(p)) {
-    const double n = static_cast<double>(rows);
-    pairs += p.shape.causal ? n * static_cast<double>(pos0) + n * (n + 1) / 2 : n * static_cast<double>(p.shape.seq);
+  for (const QueryRun& q : query_runs(p)) {
+    const double n = static_cast<double>(q.rows);
+    pairs += p.shape.causal ? n * static_cast<double>(q.pos0) + n * (n + 1) / 2 : n * static_cast<double>(p.shape.seq);
   }
   return 4.0 * p.shape.batch * p.shape.heads_q * static_cast<double>(p.shape.head_dim) * pairs;
 }
 
-namespace {
-// The last position + 1 rank p.rank's queries read.
-int64_t attn_keys_needed(const AttnLayout& p) {
-  if (!p.shape.causal) return p.shape.seq;
-  int64_t end = 0;
-  for (auto [pos0, rows] : attn_query_runs(p))
-    if (rows > 0) end = std::max(end, pos0 + rows);
-  return end;
-}
-}  // namespace
-
 double sp_attn_comm_bytes(const SpAttnPlan& p) {
-  const int64_t needed = attn_keys_needed(p);
+  const int64_t needed = keys_needed(p);
   double rows = 0;
   for (int o = 0; o < p.world_size; ++o) {
     if (o == p.rank) continue;
-    for (const RowRange& r : attn_owner_ranges(p.sharding, o))
-      if (r.size() > 0 && r.begin < needed) rows += static_cast<double>(r.size());
+    for (const KeyPiece& k : key_pieces(p.sharding, o))
+      if (k.pos.begin < needed) rows += static_cast<double>(k.pos.size());
   }
   return 2.0 * p.shape.batch * rows * static_cast<double>(p.kv_row_bytes());
 }
@@ -217,11 +188,10 @@ double ring_attn_comm_bytes(const RingAttnPlan& p) {
 
 PathChoice choose_path(const SpAttnPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
-  const int64_t needed = attn_keys_needed(p);
+  const int64_t needed = keys_needed(p);
   int pieces = 0;
   for (int o = 0; o < p.world_size; ++o)
-    for (const RowRange& r : attn_owner_ranges(p.sharding, o))
-      pieces += o != p.rank && r.size() > 0 && r.begin < needed;
+    for (const KeyPiece& k : key_pieces(p.sharding, o)) pieces += o != p.rank && k.pos.begin < needed;
   MachineModel a = m;
   a.gemm_tflops = m.attn_tflops;
   return choose_path(attention_rank_flops(p), sp_attn_comm_bytes(p), a, requested, 2 * p.shape.batch * pieces);

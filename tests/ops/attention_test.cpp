@@ -119,6 +119,57 @@ TEST(SeqSharding, PositionsCoverTheSequenceOnceAndRunsAreContiguous) {
   }
 }
 
+// The units a position-masked kernel takes (the GPU ops' launches and moves): every rank's key
+// pieces tile the sequence's positions once, each a run of the owner's rows at consecutive
+// positions; a rank's query runs cover its rows once, each (where positions matter: contiguous, or
+// under the mask) at consecutive positions; keys_needed is one past the rank's last position under
+// the mask, S without it.
+TEST(SeqSharding, QueryRunsAndKeyPiecesCoverShardsAtTheirPositions) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int W = rng.uniform_int(1, 8);
+    const int64_t seq = rng.uniform(1, 200);
+    const SeqShard shard = rng.coin() ? SeqShard::kContiguous : SeqShard::kZigzag;
+    const bool causal = rng.coin();
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " W " << W << " S " << seq
+                                      << (shard == SeqShard::kZigzag ? " zigzag" : " contiguous")
+                                      << (causal ? " causal" : ""));
+    const SeqSharding sh = SeqSharding::make(shard, seq, W, rng.uneven_counts(seq, W));
+    SpAttnShape s;
+    s.seq = seq, s.heads_q = 2, s.heads_kv = 1, s.head_dim = 8, s.causal = causal, s.shard = shard;
+    std::vector<int> seen(seq, 0);
+    for (int r = 0; r < W; ++r) {
+      for (const KeyPiece& k : key_pieces(sh, r)) {
+        ASSERT_GT(k.pos.size(), 0);
+        ASSERT_LE(k.row0 + k.pos.size(), sh.rows.size(r));
+        ASSERT_EQ(piece_parts(sh).begin(k.part), k.pos.begin);
+        for (int64_t i = 0; i < k.pos.size(); ++i) {
+          ASSERT_EQ(sh.position_of(r, k.row0 + i), k.pos.begin + i);
+          ++seen[k.pos.begin + i];
+        }
+      }
+      const SpAttnPlan p = SpAttnPlan::make(r, s, sh, DType::kF32, {});
+      std::vector<int> row_seen(sh.rows.size(r), 0);
+      int64_t last = -1;
+      for (const QueryRun& q : query_runs(p)) {
+        ASSERT_GT(q.rows, 0);
+        for (int64_t i = 0; i < q.rows; ++i) {
+          ++row_seen[q.row0 + i];
+          if (causal || shard == SeqShard::kContiguous) {
+            ASSERT_EQ(sh.position_of(r, q.row0 + i), q.pos0 + i);
+          }
+        }
+      }
+      for (int64_t i = 0; i < sh.rows.size(r); ++i) {
+        ASSERT_EQ(row_seen[i], 1) << "rank " << r << " row " << i;
+        last = std::max(last, sh.position_of(r, i));
+      }
+      EXPECT_EQ(keys_needed(p), causal ? last + 1 : seq) << "rank " << r;
+    }
+    for (int64_t i = 0; i < seq; ++i) ASSERT_EQ(seen[i], 1) << "position " << i;
+  }
+}
+
 // AllGather attention (even trials) and ring attention (odd) on CPU worlds of 1-8 ranks: contiguous shards (ragged, empty segments) and
 // zigzag, causal or not, GQA, batch 1-2, pull and push, random tiles and workers; every rank's
 // output and log-sum-exp against float64 over the whole sequence, and bit for bit against the

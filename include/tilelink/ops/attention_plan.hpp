@@ -97,6 +97,33 @@ struct SpAttnPlan : AttnLayout {
                          const SpAttnConfig& config);
 };
 
+// A shard cut into what a position-masked attention kernel takes (its causal mask works on a query
+// row's and a key row's positions, each a first position plus the row):
+//
+//   query run   rows of rank r's shard at contiguous positions, taken together: a contiguous shard
+//               is one run; a zigzag shard under the mask two (its chunks, each seeing the keys up
+//               to its own end), without the mask one (positions matter to the mask only)
+//   key piece   rows of a rank's shard at contiguous positions: its contiguous shard, or each of
+//               its zigzag chunks; `part` numbers it among all pieces (the rank under contiguous
+//               shards, the chunk under zigzag), in the position order of the parts
+struct QueryRun {
+  int64_t row0 = 0, rows = 0, pos0 = 0;
+  int64_t pos_end() const { return pos0 + rows; }
+};
+struct KeyPiece {
+  int64_t row0 = 0;  // the first row in the owner's shard
+  RowRange pos;      // its positions
+  int part = 0;      // the rank (contiguous) or the chunk (zigzag)
+};
+// The partition whose parts are the pieces: the ranks' segments, or the 2W zigzag chunks.
+const RowPartition& piece_parts(const SeqSharding& sh);
+// The non-empty query runs of rank p.rank, in its row order.
+std::vector<QueryRun> query_runs(const AttnLayout& p);
+// The non-empty key pieces of rank `owner`, in its row order.
+std::vector<KeyPiece> key_pieces(const SeqSharding& sh, int owner);
+// The last position + 1 that rank p.rank's queries read: S, or under the mask its last position's.
+int64_t keys_needed(const AttnLayout& p);
+
 // RingAttnPlan: ring attention. The same sharding and output as SpAttnPlan; instead of gathering
 // every K/V, each rank's block (all of its rows, every batch entry) travels once around the ring:
 // at step s rank r folds the block of rank (r - s) mod W into every query tile's state (the online
