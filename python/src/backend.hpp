@@ -7,11 +7,32 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "op_registry.hpp"
+#include "tilelink/ops/attention_plan.hpp"
 #include "tilelink/runtime/bootstrap.hpp"
 
 namespace tilelink::python {
+
+// A sequence-parallel attention call (sp_attn or ring_attn), checked by module.cpp.
+struct AttnCall {
+  bool ring = false;
+  SpAttnShape shape;
+  SeqSharding sharding;
+  DType dtype = DType::kBF16;
+  OpPath path = OpPath::kAuto;
+};
+
+// The made-op cache's key of an attention problem.
+inline std::string attn_key(bool ring, const SpAttnShape& s, const SeqSharding& sh, DType dtype) {
+  std::string key = std::string(ring ? "ring_attn" : "sp_attn") + " " + std::string(dtype_name(dtype)) + " B" +
+                    std::to_string(s.batch) + " H" + std::to_string(s.heads_q) + "/" + std::to_string(s.heads_kv) +
+                    " D" + std::to_string(s.head_dim) + (s.causal ? " causal" : "") +
+                    (sh.shard == SeqShard::kZigzag ? " zigzag" : " contiguous");
+  for (int r = 0; r < sh.rows.world_size; ++r) key += " " + std::to_string(sh.rows.size(r));
+  return key;
+}
 
 class CudaBackend {
  public:
@@ -24,6 +45,11 @@ class CudaBackend {
   // it. Returns the path taken and why.
   virtual PathChoice run(const cli::OpSpec& spec, const cli::OpProblem& p, const cli::ConstPtrs& a,
                          const cli::ConstPtrs& b, const cli::Ptrs& c, uintptr_t stream) = 0;
+  // The attention op of `call` (made once, then reused) on every rank, ordered as run(); lse[r] may
+  // be null (not written).
+  virtual PathChoice attention(const AttnCall& call, const std::vector<const void*>& q,
+                               const std::vector<const void*>& k, const std::vector<const void*>& v,
+                               const std::vector<void*>& o, const std::vector<float*>& lse, uintptr_t stream) = 0;
   // Waits for every rank's work (of this process); a wait on the device that ran out of time becomes TimeoutError
   // naming the op, rank, signal and tile (World::sync).
   virtual void sync() = 0;

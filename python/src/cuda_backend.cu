@@ -19,6 +19,7 @@
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/backend/cuda/driver.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/ops/attention_cuda.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::python {
@@ -71,6 +72,7 @@ class CudaWorld final : public CudaBackend {
   ~CudaWorld() override {
     ContextGuard keep;
     ops_.clear();
+    attn_.clear();
     for (int r : world_->local_ranks()) {
       world_->bind(r);
       cudaEventDestroy(done_[r]);
@@ -87,20 +89,24 @@ class CudaWorld final : public CudaBackend {
     ContextGuard keep;
     cli::CudaOpRun& op = made(spec, p);
     const PathChoice choice = op.choose(p.path);
-    const auto caller = reinterpret_cast<cudaStream_t>(stream);
-    TL_CUDA_CHECK(cudaSetDevice(device_));
-    TL_CUDA_CHECK(cudaEventRecord(called_, caller));
-    for (int r : world_->local_ranks()) {
-      world_->bind(r);
-      TL_CUDA_CHECK(cudaStreamWaitEvent(world_->stream(r), called_, 0));
-    }
-    if (choice.path == OpPath::kUnfused) op.run_unfused(a, b, c);
-    else op.run(a, b, c);
-    for (int r : world_->local_ranks()) {
-      world_->bind(r);
-      TL_CUDA_CHECK(cudaEventRecord(done_[r], world_->stream(r)));
-      TL_CUDA_CHECK(cudaStreamWaitEvent(caller, done_[r], 0));
-    }
+    in_caller_order(stream, [&] {
+      if (choice.path == OpPath::kUnfused) op.run_unfused(a, b, c);
+      else op.run(a, b, c);
+    });
+    return choice;
+  }
+
+  PathChoice attention(const AttnCall& call, const std::vector<const void*>& q, const std::vector<const void*>& k,
+                       const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse,
+                       uintptr_t stream) override {
+    ContextGuard keep;
+    MadeAttn& op = made_attn(call);
+    const PathChoice choice = op.sp ? op.sp->choose(call.path) : op.ring->choose(call.path);
+    in_caller_order(stream, [&] {
+      const bool unfused = choice.path == OpPath::kUnfused;
+      if (op.sp) unfused ? op.sp->run_unfused(q, k, v, o, lse) : op.sp->run(q, k, v, o, lse);
+      else unfused ? op.ring->run_unfused(q, k, v, o, lse) : op.ring->run(q, k, v, o, lse);
+    });
     return choice;
   }
 
@@ -121,6 +127,43 @@ class CudaWorld final : public CudaBackend {
   }
 
  private:
+  // enqueue() after the work on the caller's stream, and the caller's stream after it.
+  template <class Enqueue>
+  void in_caller_order(uintptr_t stream, Enqueue&& enqueue) {
+    const auto caller = reinterpret_cast<cudaStream_t>(stream);
+    TL_CUDA_CHECK(cudaSetDevice(device_));
+    TL_CUDA_CHECK(cudaEventRecord(called_, caller));
+    for (int r : world_->local_ranks()) {
+      world_->bind(r);
+      TL_CUDA_CHECK(cudaStreamWaitEvent(world_->stream(r), called_, 0));
+    }
+    enqueue();
+    for (int r : world_->local_ranks()) {
+      world_->bind(r);
+      TL_CUDA_CHECK(cudaEventRecord(done_[r], world_->stream(r)));
+      TL_CUDA_CHECK(cudaStreamWaitEvent(caller, done_[r], 0));
+    }
+  }
+
+  struct MadeAttn {
+    std::unique_ptr<tlc::SpAttn> sp;
+    std::unique_ptr<tlc::RingAttn> ring;
+  };
+  MadeAttn& made_attn(const AttnCall& c) {
+    const SpAttnShape& s = c.shape;
+    const std::string key = attn_key(c.ring, s, c.sharding, c.dtype);
+    auto it = attn_.find(key);
+    if (it != attn_.end()) return it->second;
+    if (attn_.size() >= kMaxMadeOps) {
+      TL_CUDA_CHECK(cudaDeviceSynchronize());  // the made ops' workspaces may still be in use
+      attn_.clear();
+    }
+    MadeAttn made;
+    if (c.ring) made.ring = std::make_unique<tlc::RingAttn>(*world_, s, c.sharding, c.dtype);
+    else made.sp = std::make_unique<tlc::SpAttn>(*world_, s, c.sharding, c.dtype);
+    return attn_.emplace(key, std::move(made)).first->second;
+  }
+
   cli::CudaOpRun& made(const cli::OpSpec& spec, const cli::OpProblem& p) {
     TL_REQUIRE(spec.make_cuda, "op " << spec.name << " has no CUDA backend");
     TL_REQUIRE(p.dtype == DType::kBF16, "op " << spec.name << ": the CUDA backend's ops take bfloat16");
@@ -141,6 +184,7 @@ class CudaWorld final : public CudaBackend {
   cudaEvent_t called_ = nullptr;
   std::vector<cudaEvent_t> done_;
   std::map<std::string, std::unique_ptr<cli::CudaOpRun>> ops_;
+  std::map<std::string, MadeAttn> attn_;
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -22,6 +23,7 @@
 
 #include "backend.hpp"
 #include "problem.hpp"
+#include "tilelink/backend/cpu/attention_ops.hpp"
 #include "tilelink/backend/cpu/world.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/core/hash.hpp"
@@ -83,7 +85,8 @@ const char* device_text(int type) {
 struct Operand {
   const void* data = nullptr;
   int64_t ndim = 0;
-  int64_t shape[2] = {0, 0}, stride[2] = {0, 0};  // strides in elements
+  static constexpr int kMaxDims = 4;
+  int64_t shape[kMaxDims] = {}, stride[kMaxDims] = {};  // the first kMaxDims; strides in elements
   bool known_dtype = false;
   DType dtype = DType::kF32;
   std::string dtype_text;  // for messages when !known_dtype
@@ -106,7 +109,8 @@ Operand operand_of_array(const T& x) {
   Operand o;
   o.data = x.data();
   o.ndim = static_cast<int64_t>(x.ndim());
-  for (int i = 0; i < 2 && i < o.ndim; ++i) o.shape[i] = static_cast<int64_t>(x.shape(i)), o.stride[i] = x.stride(i);
+  for (int i = 0; i < Operand::kMaxDims && i < o.ndim; ++i)
+    o.shape[i] = static_cast<int64_t>(x.shape(i)), o.stride[i] = x.stride(i);
   o.known_dtype = dtype_of(x.dtype(), &o.dtype);
   if (!o.known_dtype) o.dtype_text = dtype_text(x.dtype());
   o.device_type = x.device_type();
@@ -125,7 +129,7 @@ bool operand_of_tuple(nb::handle item, Operand* o) {
   o->elems = 1;
   for (int64_t i = 0; i < o->ndim; ++i) {
     const int64_t extent = nb::cast<int64_t>(shape[i]);
-    if (i < 2) o->shape[i] = extent, o->stride[i] = nb::cast<int64_t>(strides[i]);
+    if (i < Operand::kMaxDims) o->shape[i] = extent, o->stride[i] = nb::cast<int64_t>(strides[i]);
     o->elems *= extent;
   }
   if (nb::isinstance<nb::int_>(t[4])) {
@@ -203,6 +207,35 @@ cli::Extent2 check_operand(const Operand& x, const std::string& what, int device
                            ", 1)): pass a contiguous copy")
                               .c_str());
   return {rows, cols};
+}
+
+// Checks an attention tensor: `ndim` dimensions, row-major dense, on the world's device, of `dtype`;
+// returns its extents.
+std::vector<int64_t> check_tensor(const Operand& x, const std::string& what, int ndim, int device_type, int device_id,
+                                  DType dtype, const std::string& dtype_from) {
+  if (x.device_type != device_type || (device_type == nb::device::cuda::value && x.device_id != device_id))
+    throw nb::type_error((what + " is on " + device_text(x.device_type) + "; this world's operands must be on " +
+                          device_text(device_type))
+                             .c_str());
+  if (!x.known_dtype || x.dtype != dtype)
+    throw nb::type_error((what + " has dtype " + (x.known_dtype ? std::string(dtype_name(x.dtype)) : x.dtype_text) +
+                          ", " + dtype_from + " " + std::string(dtype_name(dtype)))
+                             .c_str());
+  if (x.ndim != ndim)
+    throw nb::value_error(
+        (what + " has " + std::to_string(x.ndim) + " dimensions, not " + std::to_string(ndim)).c_str());
+  std::vector<int64_t> e(x.shape, x.shape + ndim);
+  if (std::find(e.begin(), e.end(), int64_t{0}) != e.end()) return e;  // empty: no element, any strides
+  int64_t packed = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (e[i] > 1 && x.stride[i] != packed)
+      throw nb::value_error((what + " is not row-major and dense (dimension " + std::to_string(i) + " has stride " +
+                             std::to_string(x.stride[i]) + " elements, packed: " + std::to_string(packed) +
+                             "): pass a contiguous copy")
+                                .c_str());
+    packed *= e[i];
+  }
+  return e;
 }
 
 // Refuses outputs that share memory with each other or with an input: ranks write them concurrently,
@@ -369,6 +402,112 @@ class World {
     return guarded([&] { return run_here(op, a_seq, b_seq, out_seq, k, stream, raw); });
   }
 
+  // Sequence-parallel attention (op "sp_attn" or "ring_attn") on every rank of this process: q[r]
+  // [B, S_r, Hq, D], k[r] and v[r] [B, S_r, Hkv, D], out[r] like q[r], lse[r] float32 [B, S_r, Hq]
+  // (or lse None: not written; the CPU backend then keeps its own). Returns the path (1 fused, 2
+  // unfused).
+  int attention(const std::string& op, nb::handle q_seq, nb::handle k_seq, nb::handle v_seq, nb::handle o_seq,
+                nb::handle lse_seq, bool causal, const std::string& shard, const std::string& path, uintptr_t stream) {
+    require_open();
+    if (op != "sp_attn" && op != "ring_attn")
+      throw nb::value_error(("the attention ops are 'sp_attn' and 'ring_attn', got '" + op + "'").c_str());
+    if (process_)
+      throw Error(op + ": the attention ops run on worlds of one process (tilelink.virtual), not over processes yet");
+    const int W = local_;
+    const std::vector<Operand> q = operands_of(q_seq, "q", W, false, false, true);
+    const std::vector<Operand> k = operands_of(k_seq, "k", W, false, false, true);
+    const std::vector<Operand> v = operands_of(v_seq, "v", W, false, false, true);
+    const std::vector<Operand> o = operands_of(o_seq, "out", W, true, false, true);
+    const bool has_lse = !lse_seq.is_none();
+    const std::vector<Operand> l = has_lse ? operands_of(lse_seq, "lse", W, true, false, true) : std::vector<Operand>{};
+    if (!q[0].known_dtype)
+      throw nb::type_error(("q[0] has dtype " + q[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
+    const DType dtype = q[0].dtype;
+    if (cuda_ && dtype == DType::kF32)
+      throw nb::type_error((op + " on the CUDA backend takes bfloat16 or float16; q[0] is float32").c_str());
+    SpAttnShape s;
+    s.causal = causal;
+    if (shard != "contiguous" && shard != "zigzag")
+      throw nb::value_error(("shard must be 'contiguous' or 'zigzag', got '" + shard + "'").c_str());
+    s.shard = shard == "zigzag" ? SeqShard::kZigzag : SeqShard::kContiguous;
+    OpPath op_path;
+    if (!parse_op_path(path, &op_path))
+      throw nb::value_error(("path must be 'auto', 'fused' or 'unfused', got '" + path + "'").c_str());
+    std::vector<int64_t> rows(W);
+    std::vector<const void*> pq(W), pk(W), pv(W);
+    std::vector<void*> po(W);
+    std::vector<float*> pl(W, nullptr);
+    for (int r = 0; r < W; ++r) {
+      const std::vector<int64_t> eq = check_tensor(q[r], at("q", r), 4, device_type(), device_, dtype, "q[0] has");
+      const std::vector<int64_t> ek = check_tensor(k[r], at("k", r), 4, device_type(), device_, dtype, "q[0] has");
+      const std::vector<int64_t> ev = check_tensor(v[r], at("v", r), 4, device_type(), device_, dtype, "q[0] has");
+      const std::vector<int64_t> eo = check_tensor(o[r], at("out", r), 4, device_type(), device_, dtype, "q[0] has");
+      if (r == 0) s.batch = static_cast<int>(eq[0]), s.heads_q = static_cast<int>(eq[2]), s.head_dim = eq[3];
+      if (r == 0) s.heads_kv = static_cast<int>(ek[2]);
+      auto shape_text = [](const std::vector<int64_t>& e) {
+        std::string t = "[";
+        for (size_t i = 0; i < e.size(); ++i) t += (i ? ", " : "") + std::to_string(e[i]);
+        return t + "]";
+      };
+      rows[r] = eq[1];
+      const std::vector<int64_t> want_q{s.batch, rows[r], s.heads_q, s.head_dim};
+      const std::vector<int64_t> want_kv{s.batch, rows[r], s.heads_kv, s.head_dim};
+      if (eq != want_q)
+        throw nb::value_error((at("q", r) + " is " + shape_text(eq) + "; q[0] makes it [" + std::to_string(s.batch) +
+                               ", S_r, " + std::to_string(s.heads_q) + ", " + std::to_string(s.head_dim) + "]")
+                                  .c_str());
+      if (ek != want_kv) throw nb::value_error((at("k", r) + " is " + shape_text(ek) + ", not " + shape_text(want_kv)).c_str());
+      if (ev != want_kv) throw nb::value_error((at("v", r) + " is " + shape_text(ev) + ", not " + shape_text(want_kv)).c_str());
+      if (eo != want_q) throw nb::value_error((at("out", r) + " is " + shape_text(eo) + ", not " + shape_text(want_q)).c_str());
+      if (has_lse) {
+        const std::vector<int64_t> el = check_tensor(l[r], at("lse", r), 3, device_type(), device_, DType::kF32, "lse must be");
+        const std::vector<int64_t> want_l{s.batch, rows[r], s.heads_q};
+        if (el != want_l) throw nb::value_error((at("lse", r) + " is " + shape_text(el) + ", not " + shape_text(want_l)).c_str());
+        pl[r] = static_cast<float*>(const_cast<void*>(l[r].data));
+      }
+      pq[r] = q[r].data, pk[r] = k[r].data, pv[r] = v[r].data, po[r] = const_cast<void*>(o[r].data);
+    }
+    for (int64_t n : rows) s.seq += n;
+    if (s.seq < 1) throw nb::value_error((op + ": the ranks hold no position (every q[r] has S_r = 0)").c_str());
+    SeqSharding sharding;
+    try {  // the sharding and the shape checked by name: a ValueError
+      sharding = SeqSharding::make(s.shard, s.seq, W, s.shard == SeqShard::kContiguous ? rows : std::vector<int64_t>{});
+      SpAttnPlan::make(0, s, sharding, dtype, {});
+    } catch (const Error& e) {
+      throw nb::value_error(e.what());
+    }
+    for (int r = 0; r < W; ++r)
+      if (sharding.rows.size(r) != rows[r])
+        throw nb::value_error((at("q", r) + " holds " + std::to_string(rows[r]) + " positions; zigzag shards of S = " +
+                               std::to_string(s.seq) + " over " + std::to_string(W) + " ranks give rank " +
+                               std::to_string(r) + " " + std::to_string(sharding.rows.size(r)))
+                                  .c_str());
+    const bool ring = op == "ring_attn";
+    if (cuda_) {
+      PathChoice choice;
+      {
+        nb::gil_scoped_release unlocked;
+        choice = cuda_->attention(AttnCall{ring, s, sharding, dtype, op_path}, pq, pk, pv, po, pl, stream);
+      }
+      last_why_ = std::move(choice.why);
+      return choice.path == OpPath::kUnfused ? 2 : 1;
+    }
+    CpuAttn& made = cpu_attn(ring, s, sharding, dtype);
+    const bool fused = op_path != OpPath::kUnfused;
+    {
+      nb::gil_scoped_release unlocked;
+      cpu_->run([&](cpu::RankContext& ctx) {
+        const int r = ctx.rank;
+        if (ring) fused ? made.ring->run(ctx, pq[r], pk[r], pv[r], po[r], pl[r])
+                        : made.ring->run_unfused(ctx, pq[r], pk[r], pv[r], po[r], pl[r]);
+        else fused ? made.sp->run(ctx, pq[r], pk[r], pv[r], po[r], pl[r])
+                   : made.sp->run_unfused(ctx, pq[r], pk[r], pv[r], po[r], pl[r]);
+      });
+    }
+    last_why_ = fused ? "the CPU backend runs the fused op unless asked otherwise" : "asked for";
+    return fused ? 1 : 2;
+  }
+
   // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
   // are synchronous already.
   void synchronize() {
@@ -382,6 +521,7 @@ class World {
   void close() {
     if (!cpu_ && !cuda_) return;
     cpu_ops_.clear();
+    cpu_attn_.clear();
     cpu_.reset();
     nb::gil_scoped_release unlocked;  // the teardown's exchanges take the GIL themselves
     cuda_.reset();
@@ -602,6 +742,22 @@ class World {
     return *cpu_ops_.emplace(key, spec.make_cpu(*cpu_, p)).first->second;
   }
 
+  // The CPU attention ops made for a problem (one of the two).
+  struct CpuAttn {
+    std::unique_ptr<cpu::SpAttn> sp;
+    std::unique_ptr<cpu::RingAttn> ring;
+  };
+  CpuAttn& cpu_attn(bool ring, const SpAttnShape& s, const SeqSharding& sh, DType dtype) {
+    const std::string key = attn_key(ring, s, sh, dtype);
+    auto it = cpu_attn_.find(key);
+    if (it != cpu_attn_.end()) return it->second;
+    if (cpu_attn_.size() >= kMaxMadeOps) cpu_attn_.clear();
+    CpuAttn made;
+    if (ring) made.ring = std::make_unique<cpu::RingAttn>(*cpu_, s, sh, dtype);
+    else made.sp = std::make_unique<cpu::SpAttn>(*cpu_, s, sh, dtype, SpAttnConfig{});
+    return cpu_attn_.emplace(key, std::move(made)).first->second;
+  }
+
   static constexpr size_t kMaxMadeOps = 32;
   std::string backend_;
   int device_ = 0;
@@ -618,6 +774,7 @@ class World {
   std::shared_ptr<cuda::Bootstrap> boot_;  // a process world's
   std::unique_ptr<CudaBackend> cuda_;
   std::map<std::string, std::unique_ptr<cli::CpuOpRun>> cpu_ops_;
+  std::map<std::string, CpuAttn> cpu_attn_;
   std::map<std::string, std::vector<cli::Extent2>> peers_;  // a process world: local problem -> every rank's extents
 };
 
@@ -701,6 +858,9 @@ NB_MODULE(_tilelink, m) {
       .def("output_shapes", &python::World::output_shapes, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"),
            nb::arg("raw") = false)
       .def("synchronize", &python::World::synchronize)
+      .def("attention", &python::World::attention, nb::arg("op"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+           nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("shard"), nb::arg("path"),
+           nb::arg("stream"))
       .def("config", &python::World::config, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"),
            nb::arg("raw") = false)
       .def("run", &python::World::run, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("knobs"),

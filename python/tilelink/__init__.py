@@ -120,6 +120,20 @@ def _empty(like: Any, shape: tuple) -> Any:
     raise TypeError(f"cannot allocate outputs like a[0] ({type(like).__name__}); pass out=")
 
 
+def _empty_f32(like: Any, shape: tuple) -> Any:
+    """An uninitialised float32 array of `shape`, of like's library and device."""
+    lib = _library(like)
+    if lib == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32, device=like.device)
+    if lib == "numpy":
+        import numpy
+
+        return numpy.empty(shape, dtype=numpy.float32)
+    raise TypeError(f"cannot allocate lse like q[0] ({type(like).__name__}); pass lse=")
+
+
 _TORCH: dict = {}  # set on first use: the Tensor class, dtype codes (module.cpp, dtype_of_code), the raw stream
 
 
@@ -248,6 +262,47 @@ class World:
                 config: Optional[Config] = None, out: Optional[Sequence[Any]] = None) -> list:
         """GEMM + AllReduce: a[r] = A_r [M, K_r], b[r] = B_r [N, K_r]; every rank gets sum_i A_i B_i^T [M, N]."""
         return self.run("gemm_ar", a, b, path=path, config=config, out=out)
+
+    # ---- sequence-parallel attention --------------------------------------------------------
+    def sp_attn(self, q: Sequence[Any], k: Sequence[Any], v: Sequence[Any], *, causal: bool = False,
+                shard: str = "contiguous", path: str = "auto", out: Optional[Sequence[Any]] = None,
+                lse: Optional[Sequence[Any]] = None) -> tuple:
+        """Sequence-parallel attention, AllGather variant: rank r holds the positions of its shard.
+
+        q[r] [B, S_r, Hq, D], k[r] and v[r] [B, S_r, Hkv, D] (Hq a multiple of Hkv), the rows in
+        shard order: ``shard="contiguous"`` (rank r holds a segment, S_r any sizes) or ``"zigzag"``
+        (S cut into 2W even chunks, rank r holds chunks r and 2W - 1 - r). Returns (out, lse):
+        out[r] = softmax(q[r] K^T / sqrt(D) + mask) V over the whole sequence [B, S_r, Hq, D], lse[r]
+        the rows' log-sum-exp, float32 [B, S_r, Hq]. The CUDA backend takes bfloat16 or float16,
+        head dim 64 or 128; path as World.run.
+        """
+        return self._attention("sp_attn", q, k, v, causal, shard, path, out, lse)
+
+    def ring_attn(self, q: Sequence[Any], k: Sequence[Any], v: Sequence[Any], *, causal: bool = False,
+                  shard: str = "contiguous", path: str = "auto", out: Optional[Sequence[Any]] = None,
+                  lse: Optional[Sequence[Any]] = None) -> tuple:
+        """Ring attention: as sp_attn, each rank's K and V block travelling once around the ring
+        while every step is folded into the output (log-sum-exp merge)."""
+        return self._attention("ring_attn", q, k, v, causal, shard, path, out, lse)
+
+    def _attention(self, op: str, q: Sequence[Any], k: Sequence[Any], v: Sequence[Any], causal: bool, shard: str,
+                   path: str, out: Optional[Sequence[Any]], lse: Optional[Sequence[Any]]) -> tuple:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(x, (list, tuple)):
+                raise TypeError(f"{name} must be a list of arrays, one per rank, got {type(x).__name__}")
+        if not isinstance(shard, str) or not isinstance(path, str):
+            raise TypeError("shard and path must be str")
+        if out is None:
+            out = [_empty(x, tuple(x.shape)) for x in q]
+        if lse is None:
+            lse = [_empty_f32(x, tuple(x.shape[:3])) for x in q]
+        first = q[0] if q else None
+        stream = 0
+        if self._cuda and type(first).__module__.startswith("torch") and first.is_cuda:
+            stream = int(_torch_state()["stream"](self._device))
+        self._last = self._w.attention(op, list(q), list(k), list(v), list(out), list(lse), bool(causal), shard, path,
+                                       stream)
+        return out, lse
 
 
 _DEFAULT_KNOBS = {p: Config()._knobs(p) for p in ("auto", "fused", "unfused")}

@@ -239,3 +239,107 @@ def test_tp_mlp_example(world):
     r = subprocess.run([sys.executable, str(example), "--world", str(world), "--backend", "cpu", "--tokens", "77",
                         "--ffn", str(8 * world * 3), "--iters", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and ": OK" in r.stdout, r.stdout + r.stderr
+
+
+# ---- sequence-parallel attention ----------------------------------------------------------------
+
+def attention_reference(q, k, v, causal):
+    """float64 attention of the whole sequence (position order): q [B, S, Hq, D], k and v [B, S,
+    Hkv, D]; returns O [B, S, Hq, D] and lse [B, S, Hq]."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    b, s, hq, d = q.shape
+    g = hq // k.shape[2]
+    kk, vv = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(d)
+    if causal:
+        scores[:, :, np.triu(np.ones((s, s), bool), 1)] = -np.inf
+    m = scores.max(-1, keepdims=True)
+    p = np.exp(scores - m)
+    l = p.sum(-1, keepdims=True)
+    o = np.einsum("bhqk,bkhd->bqhd", p / l, vv)
+    return o, (m + np.log(l))[..., 0].transpose(0, 2, 1)
+
+
+def shard_positions(seq, world, shard, segments=None):
+    """Rank r's positions in shard order (ops/attention_plan.hpp's SeqSharding)."""
+    def even(n, parts):
+        base, extra = divmod(n, parts)
+        sizes = [base + (1 if i < extra else 0) for i in range(parts)]
+        return np.cumsum([0] + sizes)
+    if shard == "contiguous":
+        ends = np.cumsum([0] + list(segments))
+        return [np.arange(ends[r], ends[r + 1]) for r in range(world)]
+    c = even(seq, 2 * world)
+    return [np.concatenate([np.arange(c[r], c[r + 1]), np.arange(c[2 * world - 1 - r], c[2 * world - r])])
+            for r in range(world)]
+
+
+@pytest.mark.parametrize("op", ["sp_attn", "ring_attn"])
+@pytest.mark.parametrize("world,shard,causal", [(1, "contiguous", True), (3, "contiguous", False),
+                                                (3, "zigzag", True), (4, "contiguous", True), (2, "zigzag", False)])
+def test_attention_matches_float64(op, world, shard, causal):
+    """sp_attn and ring_attn on the CPU backend: every rank's output and lse against float64
+    attention over the whole sequence (ragged contiguous shards with an empty one, zigzag), fused
+    and unfused bit for bit, outputs poisoned first."""
+    rng = np.random.default_rng(7 + world)
+    seq, batch, hq, hkv, d = 97, 2, 4, 2, 16
+    segments = [seq // world + (r % 2) * 3 - (1 if r == world - 1 and world % 2 == 0 else 0) for r in range(world)]
+    segments[-1] = seq - sum(segments[:-1])
+    if world >= 3:
+        segments[1], segments[0] = 0, segments[0] + segments[1]  # an empty shard
+    pos = shard_positions(seq, world, shard, segments)
+    q = rng.uniform(-1, 1, (batch, seq, hq, d)).astype(np.float32)
+    k = rng.uniform(-1, 1, (batch, seq, hkv, d)).astype(np.float32)
+    v = rng.uniform(-1, 1, (batch, seq, hkv, d)).astype(np.float32)
+    want_o, want_lse = attention_reference(q, k, v, causal)
+    qs = [np.ascontiguousarray(q[:, p]) for p in pos]
+    ks = [np.ascontiguousarray(k[:, p]) for p in pos]
+    vs = [np.ascontiguousarray(v[:, p]) for p in pos]
+    w = tilelink.virtual(world, backend="cpu")
+    results = []
+    for path in ("fused", "unfused"):
+        out = [np.full(x.shape, np.nan, np.float32) for x in qs]
+        lse = [np.full(x.shape[:3], np.nan, np.float32) for x in qs]
+        got_o, got_lse = getattr(w, op)(qs, ks, vs, causal=causal, shard=shard, path=path, out=out, lse=lse)
+        assert got_o is out and got_lse is lse
+        assert w.last_path[0] == path
+        for r in range(world):
+            assert rel_err(out[r], want_o[:, pos[r]]) < 1e-5, (path, r)
+            np.testing.assert_allclose(lse[r], want_lse[:, pos[r]], atol=1e-4)
+        results.append([x.copy() for x in out + lse])
+    for a, b in zip(*results):
+        assert np.array_equal(a, b, equal_nan=True)
+    # outputs allocated when not given
+    o2, l2 = getattr(w, op)(qs, ks, vs, causal=causal, shard=shard)
+    for r in range(world):
+        assert o2[r].shape == qs[r].shape and l2[r].dtype == np.float32
+        assert rel_err(o2[r], want_o[:, pos[r]]) < 1e-5
+
+
+def test_attention_refuses_bad_arguments():
+    w = tilelink.virtual(2, backend="cpu")
+    rng = np.random.default_rng(3)
+    q = [rng.uniform(-1, 1, (1, n, 4, 8)).astype(np.float32) for n in (5, 6)]
+    k = [rng.uniform(-1, 1, (1, n, 2, 8)).astype(np.float32) for n in (5, 6)]
+    raises(TypeError, "q must be a list of arrays, one per rank, got ndarray", lambda: w.sp_attn(q[0], k, k))
+    raises(ValueError, "k holds 1 arrays, the world has 2 ranks", lambda: w.sp_attn(q, k[:1], k))
+    raises(ValueError, "k[1] is [1, 6, 2, 4], not [1, 6, 2, 8]",
+           lambda: w.sp_attn(q, [k[0], np.zeros((1, 6, 2, 4), np.float32)], k))
+    raises(ValueError, "v[0] has 3 dimensions, not 4", lambda: w.sp_attn(q, k, [k[0][0], k[1]]))
+    raises(TypeError, "k[0] has dtype fp16, q[0] has fp32",
+           lambda: w.sp_attn(q, [k[0].astype(np.float16), k[1]], k))
+    raises(ValueError, "q[1] is not row-major and dense",
+           lambda: w.ring_attn([q[0], np.asfortranarray(q[1])], k, k))
+    raises(ValueError, "shard must be 'contiguous' or 'zigzag', got 'ring'", lambda: w.sp_attn(q, k, k, shard="ring"))
+    raises(ValueError, "path must be 'auto', 'fused' or 'unfused', got 'best'", lambda: w.sp_attn(q, k, k, path="best"))
+    q65 = [np.zeros((1, n, 4, 8), np.float32) for n in (6, 5)]
+    k65 = [np.zeros((1, n, 2, 8), np.float32) for n in (6, 5)]
+    raises(ValueError, "q[0] holds 6 positions; zigzag shards of S = 11 over 2 ranks give rank 0 5",
+           lambda: w.sp_attn(q65, k65, k65, shard="zigzag"))
+    raises(ValueError, "lse[1] is [1, 6, 2], not [1, 6, 4]",
+           lambda: w.sp_attn(q, k, k, lse=[np.zeros((1, 5, 4), np.float32), np.zeros((1, 6, 2), np.float32)]))
+    raises(ValueError, "the attention ops are 'sp_attn' and 'ring_attn'",
+           lambda: w._w.attention("attn", q, k, k, q, None, False, "contiguous", "auto", 0))
+    bad_heads = [rng.uniform(-1, 1, (1, n, 3, 8)).astype(np.float32) for n in (5, 6)]
+    with pytest.raises(ValueError, match="multiple"):
+        w.sp_attn(q, bad_heads, bad_heads)

@@ -124,3 +124,36 @@ def test_host_overhead(world):
     # (bench/notes/python.md). The 10 us target of one rank's call is checked where it applies, a
     # process per GPU (tests/python/torchrun_check.py).
     assert median < 12.0 + 8.0 * (world.size - 1)
+
+
+@pytest.mark.parametrize("op", ["sp_attn", "ring_attn"])
+@pytest.mark.parametrize("world,shard", [(2, "contiguous"), (3, "zigzag")])
+def test_attention_matches_float64(op, world, shard):
+    """sp_attn and ring_attn on bf16 torch tensors (D 128, GQA, causal): every rank's output and lse
+    against float64 attention over the whole sequence, outputs poisoned, fused and unfused."""
+    import test_cpu  # the float64 attention and the shards' positions
+    gen = torch.Generator(device=DEV).manual_seed(11 + world)
+    seq, batch, hq, hkv, d = 700, 1, 8, 2, 128
+    segments = [seq // world] * world
+    segments[-1] += seq - sum(segments)
+    pos = test_cpu.shard_positions(seq, world, shard, segments)
+
+    def rand(*shape):
+        return (torch.rand(*shape, generator=gen, device=DEV) * 2 - 1).to(torch.bfloat16)
+    q, k, v = rand(batch, seq, hq, d), rand(batch, seq, hkv, d), rand(batch, seq, hkv, d)
+    want_o, want_lse = test_cpu.attention_reference(*(x.double().cpu().numpy() for x in (q, k, v)), True)
+    idx = [torch.as_tensor(p, device=DEV) for p in pos]
+    qs = [q[:, i].contiguous() for i in idx]
+    ks = [k[:, i].contiguous() for i in idx]
+    vs = [v[:, i].contiguous() for i in idx]
+    w = tilelink.virtual(world, backend="cuda")
+    for path in ("fused", "unfused", "auto"):
+        out = [torch.full_like(x, float("nan")) for x in qs]
+        lse = [torch.full(x.shape[:3], float("nan"), device=DEV) for x in qs]
+        getattr(w, op)(qs, ks, vs, causal=True, shard=shard, path=path, out=out, lse=lse)
+        torch.cuda.synchronize()
+        for r in range(world):
+            got = out[r].double().cpu().numpy()
+            assert np.isfinite(got).all(), (path, r)
+            assert np.abs(got - want_o[:, pos[r]]).max() < 2e-2, (path, r)
+            np.testing.assert_allclose(lse[r].cpu().numpy(), want_lse[:, pos[r]], atol=2e-3)
