@@ -332,12 +332,14 @@ TEST(SpAttnCuda, AutoPath) {
   TL_SEEDED_RNG(rng);
   for (int world : {1, 2}) {
     Case c = make(world, 400, 4, 2, 128, true, rng);
+    {
+      Harness<tlc::RingAttn> hr(c);
+      EXPECT_EQ(hr.op().choose().path, world == 1 ? OpPath::kFused : OpPath::kUnfused) << hr.op().choose().why;
+    }
     Harness<tlc::SpAttn> h(c);
     tlc::SpAttn& op = h.op();
     EXPECT_EQ(op.choose().path, world == 1 ? OpPath::kFused : OpPath::kUnfused) << op.choose().why;
     EXPECT_EQ(op.choose(OpPath::kFused).path, OpPath::kFused);
-    Harness<tlc::RingAttn> hr(c);
-    EXPECT_EQ(hr.op().choose().path, world == 1 ? OpPath::kFused : OpPath::kUnfused) << hr.op().choose().why;
     const Bytes q = rng.tensor(c.dtype, c.shape.seq * c.shape.heads_q * c.shape.head_dim);
     const Bytes k = rng.tensor(c.dtype, c.shape.seq * c.shape.heads_kv * c.shape.head_dim);
     const Bytes v = rng.tensor(c.dtype, c.shape.seq * c.shape.heads_kv * c.shape.head_dim);
