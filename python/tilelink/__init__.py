@@ -103,35 +103,22 @@ def _library(x: Any) -> str:
     return type(x).__module__.split(".")[0]
 
 
-def _empty(like: Any, shape: tuple) -> Any:
-    """An uninitialised array of `shape`, of like's library, dtype and device."""
+def _empty(like: Any, shape: tuple, float32: bool = False, what: str = "out") -> Any:
+    """An uninitialised array of `shape`, of like's library, device and dtype (or float32)."""
     lib = _library(like)
     if lib == "torch":
         import torch
 
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
     if lib == "numpy":
         import numpy
 
-        return numpy.empty(shape, dtype=like.dtype)
+        return numpy.empty(shape, dtype=numpy.float32 if float32 else like.dtype)
     namespace = getattr(like, "__array_namespace__", None)
     if namespace is not None:
-        return namespace().empty(shape, dtype=like.dtype, device=like.device)
-    raise TypeError(f"cannot allocate outputs like a[0] ({type(like).__name__}); pass out=")
-
-
-def _empty_f32(like: Any, shape: tuple) -> Any:
-    """An uninitialised float32 array of `shape`, of like's library and device."""
-    lib = _library(like)
-    if lib == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=torch.float32, device=like.device)
-    if lib == "numpy":
-        import numpy
-
-        return numpy.empty(shape, dtype=numpy.float32)
-    raise TypeError(f"cannot allocate lse like q[0] ({type(like).__name__}); pass lse=")
+        xp = namespace()
+        return xp.empty(shape, dtype=xp.float32 if float32 else like.dtype, device=like.device)
+    raise TypeError(f"cannot allocate {what} like the inputs ({type(like).__name__}); pass {what}=")
 
 
 _TORCH: dict = {}  # set on first use: the Tensor class, dtype codes (module.cpp, dtype_of_code), the raw stream
@@ -293,9 +280,9 @@ class World:
         if not isinstance(shard, str) or not isinstance(path, str):
             raise TypeError("shard and path must be str")
         if out is None:
-            out = [_empty(x, tuple(x.shape)) for x in q]
+            out = [_empty(x, tuple(x.shape), what="out") for x in q]
         if lse is None:
-            lse = [_empty_f32(x, tuple(x.shape[:3])) for x in q]
+            lse = [_empty(x, tuple(x.shape[:3]), float32=True, what="lse") for x in q]
         first = q[0] if q else None
         stream = 0
         if self._cuda and type(first).__module__.startswith("torch") and first.is_cuda:
