@@ -27,7 +27,7 @@ AttnGpu& attn_gpu() {
 
 const char* kAttnUsage =
     "[--batch B] [--seq S] [--heads Hq] [--kv-heads Hkv] [--head-dim D] [--causal] "
-    "[--shard contiguous|zigzag] [--seq-split c0,c1,... (contiguous: each rank's positions)] [--world W] "
+    "[--shard contiguous|zigzag] [--seq-split|--s-split c0,c1,... (contiguous: each rank's positions)] [--world W] "
     "[--dtype bf16|fp16|fp32] [--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda (cuda: virtual ranks on one GPU)]";
 
 class AttnProblem final : public LayerProblem {
@@ -45,6 +45,9 @@ class AttnProblem final : public LayerProblem {
     TL_REQUIRE(shard == "contiguous" || shard == "zigzag", "--shard must be contiguous or zigzag, got '" << shard << "'");
     shape_.shard = shard == "zigzag" ? SeqShard::kZigzag : SeqShard::kContiguous;
     std::vector<int64_t> split = args.get_int_list("--seq-split", {});
+    const std::vector<int64_t> s_split = args.get_int_list("--s-split", {});  // the same option, by its other name
+    TL_REQUIRE(split.empty() || s_split.empty(), "give --seq-split or --s-split (one option), not both");
+    if (split.empty()) split = s_split;
     TL_REQUIRE(split.empty() || shape_.shard == SeqShard::kContiguous,
                "--seq-split applies to contiguous shards (zigzag cuts the sequence in 2W even chunks)");
     if (split.empty() && shape_.shard == SeqShard::kContiguous) {
