@@ -355,7 +355,6 @@ RingAttn::~RingAttn() {
 void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse) {
   const RingAttnPlan& p = plans_[r];
   const SpAttnShape& s = p.shape;
-  const int W = p.world_size;
   const int64_t n = p.local_rows();
   StreamContext sc = rt_->stream_context(r);
   sc.stream = rt_->gemm_stream(r);
@@ -363,7 +362,7 @@ void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v,
   const int64_t eb = dtype_size(p.dtype), q_row = int64_t{s.heads_q} * s.head_dim, rb = p.kv_row_bytes();
   const std::vector<QueryRun> runs = query_runs(p);
   std::vector<char> written(runs.size() * s.batch, 0);
-  for (int step = 0; step < W; ++step) {
+  for (int step = 0; step < p.steps(); ++step) {
     if (step >= 1)
       consumer_tile_wait(sc, heap, p.filled, step % 2, rt_->value(r, step + 1), WaitSite{SignalField::kReady, step});
     const int owner = p.owner_at(step);
@@ -417,26 +416,30 @@ void RingAttn::enqueue_ring(int r, const void* k, const void* v) {
   const SymmetricView heap = rt_->view(r);
   const int64_t n = p.local_rows(), rb = p.kv_row_bytes();
   rank_barrier(sc, heap, p.barrier, rt_->value(r, 1));
-  for (int s = 0; s + 1 < W; ++s) {  // block s into the right neighbour's slot (s + 1) % 2
+  for (int s = 0; s < p.steps(); ++s) {
     if (s >= 1) consumer_tile_wait(sc, heap, p.filled, s % 2, rt_->value(r, s + 1), WaitSite{SignalField::kReady, s});
-    const int slot = (s + 1) % 2;
-    if (s >= 2) {  // that slot's block (step s - 1) forwarded and folded there
-      peer_tile_wait(sc, heap, right, p.consumed, slot, rt_->value(r, s + 1), WaitSite{SignalField::kConsumed, slot});
-      peer_tile_wait(sc, heap, right, p.done, 0, rt_->value(r, s + 1), WaitSite{SignalField::kAck, 0});
-    }
-    const int64_t rows = p.sharding.rows.size(p.owner_at(s));
-    const int64_t stride = s == 0 ? n * rb : p.block_bytes();
-    for (int b = 0; b < p.shape.batch && rows > 0; ++b) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const ByteField slots = kv == 0 ? p.k_slots : p.v_slots;
-        const std::byte* src = s == 0 ? static_cast<const std::byte*>(kv == 0 ? k : v)
-                                      : heap.local(slots) + (s % 2) * p.slot_bytes();
-        rank_copy_data(sc, right, Copy2D{src + b * stride, rb, heap.peer(right, slots) + slot * p.slot_bytes() + b * p.block_bytes(),
-                                         rb, rows, rb});
+    if (p.forwards(s)) {  // block s into the right neighbour's slot (s + 1) % 2
+      const int slot = (s + 1) % 2;
+      if (s >= 2) {  // that slot's block (step s - 1) forwarded and folded there
+        peer_tile_wait(sc, heap, right, p.consumed, slot, rt_->value(r, s + 1), WaitSite{SignalField::kConsumed, slot});
+        peer_tile_wait(sc, heap, right, p.done, 0, rt_->value(r, s + 1), WaitSite{SignalField::kAck, 0});
       }
+      const int64_t rows = p.sharding.rows.size(p.owner_at(s));
+      const int64_t stride = s == 0 ? n * rb : p.block_bytes();
+      for (int b = 0; b < p.shape.batch && rows > 0; ++b) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const ByteField slots = kv == 0 ? p.k_slots : p.v_slots;
+          const std::byte* src = s == 0 ? static_cast<const std::byte*>(kv == 0 ? k : v)
+                                        : heap.local(slots) + (s % 2) * p.slot_bytes();
+          rank_copy_data(sc, right, Copy2D{src + b * stride, rb,
+                                           heap.peer(right, slots) + slot * p.slot_bytes() + b * p.block_bytes(), rb,
+                                           rows, rb});
+        }
+      }
+      peer_tile_notify(sc, heap, right, p.filled, slot, rt_->value(r, s + 2));
     }
-    peer_tile_notify(sc, heap, right, p.filled, slot, rt_->value(r, s + 2));
-    if (s >= 1) producer_tile_notify(sc, heap, p.consumed, s % 2, rt_->value(r, s + 2));  // forwarded
+    // Block s forwarded, or not to be: its slot is free as far as this program goes.
+    if (s >= 1) producer_tile_notify(sc, heap, p.consumed, s % 2, rt_->value(r, s + 2));
   }
 }
 

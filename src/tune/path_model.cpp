@@ -182,7 +182,8 @@ double sp_attn_comm_bytes(const SpAttnPlan& p) {
 }
 
 double ring_attn_comm_bytes(const RingAttnPlan& p) {
-  const double rows = static_cast<double>(p.shape.seq - p.local_rows());
+  double rows = 0;
+  for (int s = 1; s < p.steps(); ++s) rows += static_cast<double>(p.sharding.rows.size(p.owner_at(s)));
   return 2.0 * p.shape.batch * rows * static_cast<double>(p.kv_row_bytes());
 }
 
@@ -202,7 +203,7 @@ PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requ
   MachineModel a = m;
   a.gemm_tflops = m.attn_tflops;
   a.gemm_sms = m.sms;  // the ring's engine takes every SM (its copies wait for none of them)
-  return choose_path(attention_rank_flops(p), ring_attn_comm_bytes(p), a, requested, p.world_size - 1);
+  return choose_path(attention_rank_flops(p), ring_attn_comm_bytes(p), a, requested, p.steps() - 1);
 }
 
 }  // namespace tilelink

@@ -170,6 +170,49 @@ TEST(SeqSharding, QueryRunsAndKeyPiecesCoverShardsAtTheirPositions) {
   }
 }
 
+// The ring's reach: under the mask with contiguous shards rank r runs r + 1 steps (the blocks of
+// ranks r..0) and the last rank forwards nothing; otherwise every rank runs W. Every step past the
+// first of every rank is a block its left neighbour ran and forwarded, and a rank forwards only
+// blocks it holds.
+TEST(RingAttnPlan, StepsAndForwardsCarryEveryBlockARankReads) {
+  for (SeqShard shard : {SeqShard::kContiguous, SeqShard::kZigzag}) {
+    for (bool causal : {false, true}) {
+      for (int W : {1, 2, 3, 8}) {
+        SCOPED_TRACE(::testing::Message() << "W " << W << (causal ? " causal" : "")
+                                          << (shard == SeqShard::kZigzag ? " zigzag" : " contiguous"));
+        const int64_t seq = 40 * W;
+        std::vector<int64_t> segs(W, 40);
+        const SeqSharding sh = SeqSharding::make(shard, seq, W, shard == SeqShard::kContiguous ? segs : std::vector<int64_t>{});
+        SpAttnShape s;
+        s.seq = seq, s.heads_q = 2, s.heads_kv = 1, s.head_dim = 8, s.causal = causal, s.shard = shard;
+        std::vector<RingAttnPlan> p;
+        for (int r = 0; r < W; ++r) p.push_back(RingAttnPlan::make(r, s, sh, DType::kF32, 16, 1));
+        for (int r = 0; r < W; ++r) {
+          const bool trimmed = causal && shard == SeqShard::kContiguous;
+          EXPECT_EQ(p[r].steps(), trimmed ? r + 1 : W);
+          // The owners of its steps are every rank whose keys it reads.
+          for (int o = 0; o < W; ++o) {
+            bool folded = false;
+            for (int st = 0; st < p[r].steps(); ++st) folded = folded || p[r].owner_at(st) == o;
+            EXPECT_EQ(folded, !trimmed || o <= r) << "rank " << r << ", owner " << o;
+          }
+          const int left = (r - 1 + W) % W;
+          for (int st = 1; st < p[r].steps(); ++st) {
+            EXPECT_LT(st - 1, p[left].steps()) << "rank " << r << ", step " << st;
+            EXPECT_TRUE(p[left].forwards(st - 1)) << "rank " << r << ", step " << st;
+            EXPECT_EQ(p[left].owner_at(st - 1), p[r].owner_at(st));
+          }
+          for (int st = 0; st < W; ++st) {
+            if (p[r].forwards(st)) {
+              EXPECT_LT(st, p[r].steps()) << "rank " << r << " forwards a block it never holds";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // AllGather attention (even trials) and ring attention (odd) on CPU worlds of 1-8 ranks: contiguous shards (ragged, empty segments) and
 // zigzag, causal or not, GQA, batch 1-2, pull and push, random tiles and workers; every rank's
 // output and log-sum-exp against float64 over the whole sequence, and bit for bit against the

@@ -426,8 +426,10 @@ TEST(AttnPathModel, FlopsAndBytesCountWhatEachRankDoes) {
           const double row_bytes = 2.0 * s.batch * s.heads_kv * s.head_dim * 2;
           if (shard == SeqShard::kContiguous || !causal) EXPECT_DOUBLE_EQ(sp_attn_comm_bytes(p), rows * row_bytes);
           else EXPECT_GE(sp_attn_comm_bytes(p), rows * row_bytes);  // a zigzag chunk moves whole
+          // The ring: every other rank's block, or under the mask with contiguous shards the earlier ranks'.
           const RingAttnPlan ring = RingAttnPlan::make(r, s, sh, DType::kBF16, 64, 1);
-          EXPECT_DOUBLE_EQ(ring_attn_comm_bytes(ring), (seq - sh.rows.size(r)) * row_bytes);
+          const int64_t ring_rows = causal && shard == SeqShard::kContiguous ? sh.rows.begin(r) : seq - sh.rows.size(r);
+          EXPECT_DOUBLE_EQ(ring_attn_comm_bytes(ring), ring_rows * row_bytes);
         }
         const double pairs = causal ? seq * (seq + 1.0) / 2 : double(seq) * seq;
         EXPECT_DOUBLE_EQ(total, 4.0 * s.batch * s.heads_q * s.head_dim * pairs);

@@ -125,11 +125,13 @@ std::vector<KeyPiece> key_pieces(const SeqSharding& sh, int owner);
 int64_t keys_needed(const AttnLayout& p);
 
 // RingAttnPlan: ring attention. The same sharding and output as SpAttnPlan; instead of gathering
-// every K/V, each rank's block (all of its rows, every batch entry) travels once around the ring:
-// at step s rank r folds the block of rank (r - s) mod W into every query tile's state (the online
+// every K/V, each rank's block (all of its rows, every batch entry) travels around the ring: at
+// step s rank r folds the block of rank (r - s) mod W into every query tile's state (the online
 // softmax is the log-sum-exp merge of the steps' partials) while it forwards that block to rank
-// r + 1. Two receive slots a rank; a block is written into a slot only after its owner has both
-// folded and forwarded the block that slot held two steps before.
+// r + 1, as far as a rank reads it (steps(): under the mask with contiguous shards rank r runs
+// r + 1 steps, and the last rank forwards nothing). Two receive slots a rank; a block is written
+// into a slot only after its owner has both folded and forwarded (or passed on forwarding) the
+// block that slot held two steps before.
 //
 //   fields  slots [2][B][max S_r][Hkv * D] for K and for V; filled[2] (a block is in the slot),
 //           consumed[2] (the slot's block is folded and forwarded), done[compute workers] (a
@@ -150,6 +152,13 @@ struct RingAttnPlan : AttnLayout {
   int64_t slot_bytes() const { return shape.batch * block_bytes(); }
   // The owner of the block rank r folds at step s.
   int owner_at(int step) const { return ((rank - step) % world_size + world_size) % world_size; }
+  // The steps rank r runs: every rank's block, or under the mask with contiguous shards the blocks
+  // of ranks r, r - 1, ..., 0 only (a later rank's keys lie past every query of r), so the ring
+  // stops carrying a block at the last rank that reads it.
+  int steps_of(int r) const { return shape.causal && sharding.shard == SeqShard::kContiguous ? r + 1 : world_size; }
+  int steps() const { return steps_of(rank); }
+  // Whether this rank forwards block `step` to its right neighbour (there, step + 1).
+  bool forwards(int step) const { return step + 1 < steps_of((rank + 1) % world_size); }
   uint64_t base(uint64_t epoch) const { return epoch * static_cast<uint64_t>(world_size + 1); }
 };
 

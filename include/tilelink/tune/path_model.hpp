@@ -132,12 +132,13 @@ int gemm_rs_reduce_sms(const GemmRsPlan& p, const MachineModel& m);
 // Sequence-parallel attention. attention_rank_flops: the FLOPs of rank p.rank's queries (4 B Hq D a
 // visible (query, key) pair: every key, or under the mask those at or before the query's
 // position). The bytes of K and V a rank receives: sp_attn, the other ranks' rows its queries
-// read (under the mask none past its last position); ring_attn, every other rank's block.
+// read (under the mask none past its last position); ring_attn, the blocks of its steps past the
+// first (every other rank's, or under the mask with contiguous shards the earlier ranks').
 double attention_rank_flops(const AttnLayout& p);
 double sp_attn_comm_bytes(const SpAttnPlan& p);
 double ring_attn_comm_bytes(const RingAttnPlan& p);
 // The engine at m.attn_tflops in place of the GEMM's rate; sp_attn's comm tiles are the other
-// ranks' pieces it moves, the ring's its W - 1 steps.
+// ranks' pieces it moves, the ring's its steps past the first.
 PathChoice choose_path(const SpAttnPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested);
 

@@ -62,9 +62,9 @@ void RingAttn::run(RankContext& ctx, const void* q, const void* k, const void* v
   auto stride_of = [&](int step) { return step == 0 ? rows * row_bytes : p.block_bytes(); };
   run_workers(ctx, {
       {1, [&](int) {  // the ring: receive each step's block, forward it, free its slot
-         for (int s = 0; s < W; ++s) {
+         for (int s = 0; s < p.steps(); ++s) {
            if (s >= 1) consumer_tile_wait(ctx, heap, p.filled, s % 2, base + s, WaitSite{SignalField::kReady, s});
-           if (s + 1 < W) {  // forward block s into the right neighbour's slot (s + 1) % 2
+           if (p.forwards(s)) {  // forward block s into the right neighbour's slot (s + 1) % 2
              const int slot = (s + 1) % 2;
              if (s >= 2)  // that slot's block (step s - 1) folded and forwarded by the neighbour
                peer_tile_wait(ctx, heap, right, p.consumed, slot, base + s, WaitSite{SignalField::kConsumed, slot});
@@ -88,7 +88,7 @@ void RingAttn::run(RankContext& ctx, const void* q, const void* k, const void* v
        }},
       {kw, [&](int w) {
          detail::QueryTiles tiles(p, p.q_tile, w, kw);
-         for (int s = 0; s < W; ++s) {
+         for (int s = 0; s < p.steps(); ++s) {
            if (s >= 1) consumer_tile_wait(ctx, heap, p.filled, s % 2, base + s, WaitSite{SignalField::kReady, s});
            fold_block(tiles, q, block_of(p, heap, s, p.k_slots, k), block_of(p, heap, s, p.v_slots, v), stride_of(s),
                       p.owner_at(s));
@@ -123,7 +123,7 @@ void RingAttn::run_unfused(RankContext& ctx, const void* q, const void* k, const
   // The same steps' blocks, in the same order, from the gathered buffers.
   const auto* g = static_cast<const std::byte*>(gathered_.base(ctx.rank));
   detail::QueryTiles tiles(p, p.q_tile, 0, 1);
-  for (int s = 0; s < p.world_size; ++s) {
+  for (int s = 0; s < p.steps(); ++s) {
     const int owner = p.owner_at(s);
     const int64_t first = p.sharding.rows.begin(owner) * row_bytes;
     fold_block(tiles, q, g + first, g + half + first, seq * row_bytes, owner);
