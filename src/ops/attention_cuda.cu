@@ -352,7 +352,7 @@ RingAttn::~RingAttn() {
 
 // Rank r's compute program on its second stream: a step's block folded into O and lse once it is
 // in (filled), then announced (done).
-void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse) {
+void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse, Part part) {
   const RingAttnPlan& p = plans_[r];
   const SpAttnShape& s = p.shape;
   const int64_t n = p.local_rows();
@@ -363,8 +363,12 @@ void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v,
   const std::vector<QueryRun> runs = query_runs(p);
   std::vector<char> written(runs.size() * s.batch, 0);
   for (int step = 0; step < p.steps(); ++step) {
-    if (step >= 1)
+    if (step >= 1 && part != Part::kCompute)
       consumer_tile_wait(sc, heap, p.filled, step % 2, rt_->value(r, step + 1), WaitSite{SignalField::kReady, step});
+    if (part == Part::kComm) {  // the folds left out: each step announced folded once its block is in
+      producer_tile_notify(sc, heap, p.done, 0, rt_->value(r, step + 2));
+      continue;
+    }
     const int owner = p.owner_at(step);
     const int64_t owner_rows = p.sharding.rows.size(owner);
     // A block's batch entries: dense in the input ([B][S_r] rows), max S_r apart in a slot.
@@ -399,7 +403,7 @@ void RingAttn::enqueue_steps(int r, const void* q, const void* k, const void* v,
         }
       }
     }
-    producer_tile_notify(sc, heap, p.done, 0, rt_->value(r, step + 2));
+    if (part == Part::kAll) producer_tile_notify(sc, heap, p.done, 0, rt_->value(r, step + 2));
   }
 }
 
@@ -452,7 +456,9 @@ void RingAttn::run(const std::vector<const void*>& q, const std::vector<const vo
   rt_->begin(W + 1);
   rt_->fused_call(
       LaunchOrder::kComputeFirst, detail::NoStep{},
-      [&](int r) { enqueue_steps(r, q[r], k[r], v[r], o[r], lse[r] != nullptr ? lse[r] : static_cast<float*>(own_lse_[r])); },
+      [&](int r) {
+        enqueue_steps(r, q[r], k[r], v[r], o[r], lse[r] != nullptr ? lse[r] : static_cast<float*>(own_lse_[r]), Part::kAll);
+      },
       [&](int r) { enqueue_ring(r, k[r], v[r]); });
 }
 
@@ -460,6 +466,26 @@ void RingAttn::run_unfused(const std::vector<const void*>& q, const std::vector<
                            const std::vector<const void*>& v, const std::vector<void*>& o,
                            const std::vector<float*>& lse) {
   gathered_->run_unfused(q, k, v, o, lse);
+}
+
+void RingAttn::run_comm_only(const std::vector<const void*>& k, const std::vector<const void*>& v) {
+  rt_->require_eager("run_comm_only");
+  TL_REQUIRE(world_.size() > 1, "ring_attn: run_comm_only needs a world of more than one rank");
+  rt_->begin(world_.size() + 1);
+  rt_->fused_call(
+      LaunchOrder::kComputeFirst, detail::NoStep{},
+      [&](int r) { enqueue_steps(r, nullptr, nullptr, nullptr, nullptr, nullptr, Part::kComm); },
+      [&](int r) { enqueue_ring(r, k[r], v[r]); });
+}
+
+void RingAttn::run_attention_only(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                                  const std::vector<const void*>& v, const std::vector<void*>& o,
+                                  const std::vector<float*>& lse) {
+  rt_->require_eager("run_attention_only");
+  rt_->each_on_gemm_stream([&](int r) {
+    enqueue_steps(r, q[r], k[r], v[r], o[r], lse[r] != nullptr ? lse[r] : static_cast<float*>(own_lse_[r]),
+                  Part::kCompute);
+  });
 }
 
 PathChoice RingAttn::choose(OpPath requested) const {

@@ -442,19 +442,19 @@ int bench_seq_parallel(Args& args) {
   const std::string shard_opt = args.get("--shard", "contiguous");
   DType dtype = DType::kBF16;
   TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &dtype) && dtype != DType::kF32,
-             "bench sp_attn: --dtype must be bf16 or fp16");
+             "bench " << name << ": --dtype must be bf16 or fp16");
   args.finish();
   TL_REQUIRE(causal_opt == "no" || causal_opt == "yes" || causal_opt == "both",
-             "bench sp_attn: --causal must be no, yes or both, got '" << causal_opt << "'");
+             "bench " << name << ": --causal must be no, yes or both, got '" << causal_opt << "'");
   TL_REQUIRE(shard_opt == "contiguous" || shard_opt == "zigzag",
-             "bench sp_attn: --shard must be contiguous or zigzag, got '" << shard_opt << "'");
+             "bench " << name << ": --shard must be contiguous or zigzag, got '" << shard_opt << "'");
   const SeqShard shard = shard_opt == "zigzag" ? SeqShard::kZigzag : SeqShard::kContiguous;
-  for (int64_t w : worlds) TL_REQUIRE(w >= 1 && w <= 8, "bench sp_attn: --world takes 1 to 8 ranks, got " << w);
+  for (int64_t w : worlds) TL_REQUIRE(w >= 1 && w <= 8, "bench " << name << ": --world takes 1 to 8 ranks, got " << w);
   std::vector<bool> masks;
   if (causal_opt != "yes") masks.push_back(false);
   if (causal_opt != "no") masks.push_back(true);
   int devices = 0;
-  TL_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "bench sp_attn: needs a CUDA GPU (sm_90)");
+  TL_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "bench " << name << ": needs a CUDA GPU (sm_90)");
   cudaDeviceProp prop{};
   TL_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# date %s; device %s, %d SMs; commit %s\n", utc_now().c_str(), prop.name, prop.multiProcessorCount,
@@ -463,11 +463,13 @@ int bench_seq_parallel(Args& args) {
     std::printf(
         "# bench ring_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
         "unfused = copy-engine AllGather of K and V, then the engine once; fused = the ring on the copy engine, "
-        "each step's block folded by the engine (log-sum-exp merge) while the next one moves; ms: host wall "
-        "medians of %d after %d warm-ups; check: fused within 2e-2 of unfused on every element of every rank; "
-        "auto: the path model's choice\n",
+        "each step's block folded by the engine (log-sum-exp merge) while the next one moves; comm / attn = the "
+        "ring alone and the engine's steps alone; ideal = max(comm, attn); overlap = (comm + attn - fused) / "
+        "min(comm, attn); ms: host wall medians of %d after %d warm-ups; check: fused within 2e-2 of unfused on "
+        "every element of every rank; auto: the path model's choice\n",
         std::string(dtype_name(dtype)).c_str(), shard_opt == "zigzag" ? "zigzag" : "contiguous even", reps, warmup);
-    std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused | speedup | check | auto\n");
+    std::printf("world batch     seq   Hq  Hkv    D causal |  unfused    fused     comm     attn    ideal | speedup "
+                "overlap | check | auto\n");
   } else {
     std::printf(
         "# bench sp_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
@@ -558,27 +560,20 @@ int bench_seq_parallel(Args& args) {
           const double tu = timed_ms(world, name, [&] { op.run_unfused(q, k, v, o2, lse2); });
           const double tf = timed_ms(world, name, [&] { op.run(q, k, v, o, lse); });
           double tc = 0.0, ta = tf;
-          if constexpr (!kRing) {
-            if (W > 1) {
-              tc = timed_ms(world, "sp_attn comm", [&] { op.run_comm_only(k, v); });
-              ta = timed_ms(world, "sp_attn attention", [&] { op.run_attention_only(q, o, lse); });
-            }
+          if (W > 1) {
+            tc = timed_ms(world, "comm alone", [&] { op.run_comm_only(k, v); });
+            if constexpr (kRing) ta = timed_ms(world, "attention alone", [&] { op.run_attention_only(q, k, v, o, lse); });
+            else ta = timed_ms(world, "attention alone", [&] { op.run_attention_only(q, o, lse); });
           }
           if (i < warmup) continue;
           t_unfused.push_back(tu), t_fused.push_back(tf), t_comm.push_back(tc), t_attn.push_back(ta);
         }
         const double u = median_of(t_unfused), f = median_of(t_fused), c = median_of(t_comm), a = median_of(t_attn);
         const double overlap = W > 1 && std::min(c, a) > 0 ? (c + a - f) / std::min(c, a) : 0.0;
-        if constexpr (kRing) {
-          std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f | %7.3f | %5s | %s\n", (long long)W, sh.batch,
-                      (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim, causal ? "yes" : "no", u, f, u / f,
-                      same ? "ok" : "FAIL", op_path_name(op.choose().path));
-        } else {
-          std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f %8.3f %8.3f %8.3f | %7.3f %7.2f | %5s | %s\n",
-                      (long long)W, sh.batch, (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim,
-                      causal ? "yes" : "no", u, f, c, a, std::max(c, a), u / f, overlap, same ? "ok" : "FAIL",
-                      op_path_name(op.choose().path));
-        }
+        std::printf("%5lld %5d %7lld %4d %4d %4d %6s | %8.3f %8.3f %8.3f %8.3f %8.3f | %7.3f %7.2f | %5s | %s\n",
+                    (long long)W, sh.batch, (long long)sh.seq, sh.heads_q, sh.heads_kv, sh.head_dim,
+                    causal ? "yes" : "no", u, f, c, a, std::max(c, a), u / f, overlap, same ? "ok" : "FAIL",
+                    op_path_name(op.choose().path));
         std::fflush(stdout);
         if (!same) ++failed;
       }

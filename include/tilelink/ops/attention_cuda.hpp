@@ -135,8 +135,17 @@ class RingAttn {
                 const std::vector<const void*>& v, const std::vector<void*>& o, const std::vector<float*>& lse,
                 OpPath requested = OpPath::kAuto);
 
+  // Parts, for the bench's bounds (eager only): the ring alone (each step announced folded as soon
+  // as its block is in), and the engine's steps alone (no waits; the slots hold whatever the last
+  // call left: the work, not the values, is what is timed).
+  void run_comm_only(const std::vector<const void*>& k, const std::vector<const void*>& v);
+  void run_attention_only(const std::vector<const void*>& q, const std::vector<const void*>& k,
+                          const std::vector<const void*>& v, const std::vector<void*>& o,
+                          const std::vector<float*>& lse);
+
  private:
-  void enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse);
+  enum class Part : uint8_t { kAll, kComm, kCompute };
+  void enqueue_steps(int r, const void* q, const void* k, const void* v, void* o, float* lse, Part part);
   void enqueue_ring(int r, const void* k, const void* v);
 
   World& world_;
