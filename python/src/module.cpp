@@ -239,23 +239,28 @@ std::vector<int64_t> check_tensor(const Operand& x, const std::string& what, int
 }
 
 // Refuses outputs that share memory with each other or with an input: ranks write them concurrently,
-// and the fused op reads its inputs while others' outputs fill.
-void check_no_overlap(const std::vector<Operand>& a, const std::vector<Operand>& b, const std::vector<Operand>& c,
-                      int elem, bool indexed) {
+// and the fused op reads its inputs while others' outputs fill. A named list of operands (one per
+// rank) with its element size.
+struct OperandList {
+  const char* name;
+  const std::vector<Operand>* xs;
+  int elem;
+};
+void check_no_overlap(const std::vector<OperandList>& inputs, const std::vector<OperandList>& outputs, bool indexed) {
   struct Span {
     uintptr_t begin, end;
     std::string name;
   };
-  auto span = [&](const Operand& x, const std::string& name) {
-    const auto p = reinterpret_cast<uintptr_t>(x.data);
-    return Span{p, p + static_cast<uintptr_t>(x.elems) * elem, name};
+  auto spans = [&](const std::vector<OperandList>& lists) {
+    std::vector<Span> out;
+    for (const OperandList& l : lists)
+      for (size_t r = 0; r < l.xs->size(); ++r) {
+        const auto p = reinterpret_cast<uintptr_t>((*l.xs)[r].data);
+        out.push_back({p, p + static_cast<uintptr_t>((*l.xs)[r].elems) * l.elem, label(l.name, static_cast<int>(r), indexed)});
+      }
+    return out;
   };
-  std::vector<Span> in, out;
-  for (size_t r = 0; r < a.size(); ++r) {
-    in.push_back(span(a[r], label("a", static_cast<int>(r), indexed)));
-    in.push_back(span(b[r], label("b", static_cast<int>(r), indexed)));
-    out.push_back(span(c[r], label("out", static_cast<int>(r), indexed)));
-  }
+  const std::vector<Span> in = spans(inputs), out = spans(outputs);
   auto overlap = [](const Span& x, const Span& y) { return x.begin < y.end && y.begin < x.end; };
   for (size_t i = 0; i < out.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
@@ -467,6 +472,10 @@ class World {
       }
       pq[r] = q[r].data, pk[r] = k[r].data, pv[r] = v[r].data, po[r] = const_cast<void*>(o[r].data);
     }
+    const int eb = dtype_size(dtype);
+    std::vector<OperandList> outputs{{"out", &o, eb}};
+    if (has_lse) outputs.push_back({"lse", &l, 4});
+    check_no_overlap({{"q", &q, eb}, {"k", &k, eb}, {"v", &v, eb}}, outputs, true);
     for (int64_t n : rows) s.seq += n;
     if (s.seq < 1) throw nb::value_error((op + ": the ranks hold no position (every q[r] has S_r = 0)").c_str());
     SeqSharding sharding;
@@ -589,7 +598,8 @@ class World {
       pb[r] = b[i].data;
       pc[r] = const_cast<void*>(c[i].data);
     }
-    check_no_overlap(a, b, c, dtype_size(p.dtype), indexed());
+    check_no_overlap({{"a", &a, dtype_size(p.dtype)}, {"b", &b, dtype_size(p.dtype)}},
+                     {{"out", &c, dtype_size(p.dtype)}}, indexed());
     if (cuda_) {
       PathChoice choice;
       {

@@ -340,6 +340,10 @@ def test_attention_refuses_bad_arguments():
            lambda: w.sp_attn(q, k, k, lse=[np.zeros((1, 5, 4), np.float32), np.zeros((1, 6, 2), np.float32)]))
     raises(ValueError, "the attention ops are 'sp_attn' and 'ring_attn'",
            lambda: w._w.attention("attn", q, k, k, q, None, False, "contiguous", "auto", 0))
+    raises(ValueError, "out[1] shares memory with the input q[1]", lambda: w.sp_attn(q, k, k, out=[np.empty_like(q[0]), q[1]]))
+    shared = np.zeros((1, 6, 4), np.float32)
+    raises(ValueError, "lse[1] shares memory with lse[0]",
+           lambda: w.ring_attn(q, k, k, lse=[shared[:, :5], shared]))
     bad_heads = [rng.uniform(-1, 1, (1, n, 3, 8)).astype(np.float32) for n in (5, 6)]
     with pytest.raises(ValueError, match="multiple"):
         w.sp_attn(q, bad_heads, bad_heads)
