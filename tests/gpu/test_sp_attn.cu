@@ -5,7 +5,6 @@
 // Every rank's O and lse start poisoned (0xFF: NaN); each call is compared with the float64
 // attention of the whole sequence (compute/cpu_attention.hpp) on every element, and sp_attn's fused
 // call with its unfused baseline bit for bit (ring_attn merges W softmaxes: close, not equal). Bad arguments are refused before anything is launched.
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +21,7 @@
 #include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
 #include "tilelink/compute/cpu_attention.hpp"
+#include "tilelink/core/dtype.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/attention_cuda.hpp"
 #include "tilelink/runtime/graph.hpp"
@@ -142,7 +142,7 @@ class Harness {
           double row_max = 0, row_err = 0;
           for (int64_t e = 0; e < qrow; ++e) {
             const double want = ref.out[at_pos * qrow + e];
-            const double got = to_double(out.data() + o_at[r] + ((b * n + i) * qrow + e) * eb);
+            const double got = load_as_float(out.data() + o_at[r], c_.dtype, (b * n + i) * qrow + e);
             row_max = std::max(row_max, std::abs(want));
             row_err = std::max(row_err, std::isnan(got) ? INFINITY : std::abs(got - want));
           }
@@ -172,20 +172,6 @@ class Harness {
       lse[r] = c_.lse ? lse_[r]->as<float>() : nullptr;
     }
     fn(q, k, v, o, lse);
-  }
-  double to_double(const std::byte* p) const {
-    uint16_t bits;
-    std::memcpy(&bits, p, 2);
-    return dtype_to_double(c_.dtype, bits);
-  }
-  static double dtype_to_double(DType t, uint16_t bits) {
-    if (t == DType::kBF16) {
-      const uint32_t u = static_cast<uint32_t>(bits) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
-    return static_cast<double>(static_cast<float>(*reinterpret_cast<const __half*>(&bits)));
   }
   Bytes shard(const Bytes& all, int heads, int r) const {
     const SpAttnShape& s = c_.shape;

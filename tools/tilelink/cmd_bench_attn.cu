@@ -409,19 +409,6 @@ double timed_ms(tilelink::cuda::World& world, const char* what, Fn&& fn) {
   world.sync(what);
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-// A bf16 or fp16 value's bits as a double.
-double half_bits_to_double(DType t, uint16_t bits) {
-  if (t == DType::kBF16) {
-    const uint32_t u = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  __half h;
-  std::memcpy(&h, &bits, 2);
-  return static_cast<double>(__half2float(h));
-}
-
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -544,10 +531,8 @@ int bench_seq_parallel(Args& args) {
           TL_CUDA_CHECK(cudaMemcpy(a.data() + ob, lse[r], lb, cudaMemcpyDeviceToHost));
           TL_CUDA_CHECK(cudaMemcpy(b.data() + ob, lse2[r], lb, cudaMemcpyDeviceToHost));
           if constexpr (kRing) {  // one softmax against W merged ones: close, not equal
-            for (size_t i = 0; i + 1 < ob && same; i += 2) {
-              uint16_t x, y;
-              std::memcpy(&x, a.data() + i, 2), std::memcpy(&y, b.data() + i, 2);
-              const double fx = half_bits_to_double(dtype, x), fy = half_bits_to_double(dtype, y);
+            for (int64_t i = 0; i < static_cast<int64_t>(ob) / eb && same; ++i) {
+              const double fx = load_as_float(a.data(), dtype, i), fy = load_as_float(b.data(), dtype, i);
               same = std::isfinite(fx) && std::abs(fx - fy) <= 2e-2 * std::max(1.0, std::abs(fy));
             }
           } else {
