@@ -16,6 +16,7 @@
 #include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/moe_route_cuda.hpp"
+#include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cuda {
 namespace {
@@ -100,33 +101,42 @@ __global__ void silu_mul_kernel(const uint4* __restrict__ h, int64_t chunks,
 }
 
 // out[t] = sum over slots s in order of weights[t, s] * y[row_of_pair[t, s]] (fp32, one rounding);
-// unrouted pairs (row -1) add nothing. A block a token at a time.
+// unrouted pairs (row -1) add nothing. A block a tile of tile_rows tokens at a time, a token at a
+// time; tiles from first_tile on, around. With tile_done set, each tile is announced once stored
+// (tile_done[t] = epoch, release, system scope: a peer's ReduceScatter reads it).
 template <class T>
 __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
                                    const int64_t* __restrict__ row_of_pair,
                                    const float* __restrict__ weights, int topk, int64_t tokens,
-                                   uint4* __restrict__ out) {
+                                   int tile_rows, int first_tile, uint4* __restrict__ out,
+                                   Signal* tile_done, Epoch epoch) {
   constexpr int kMaxTopk = 32;
   __shared__ int64_t rows[kMaxTopk];
   __shared__ float w[kMaxTopk];
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    if (threadIdx.x < topk) {
-      rows[threadIdx.x] = row_of_pair[t * topk + threadIdx.x];
-      w[threadIdx.x] = weights[t * topk + threadIdx.x];
-    }
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int s = 0; s < topk; ++s) {
-        if (rows[s] < 0) continue;
-        float v[8];
-        Chunk8<T>::load(y[rows[s] * chunks + c], v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += w[s] * v[e];
+  const int64_t tiles = (tokens + tile_rows - 1) / tile_rows;
+  for (int64_t j = blockIdx.x; j < tiles; j += gridDim.x) {
+    const int64_t tile = (first_tile + j) % tiles;
+    const int64_t end = min(tokens, (tile + 1) * tile_rows);
+    for (int64_t t = tile * tile_rows; t < end; ++t) {
+      if (threadIdx.x < topk) {
+        rows[threadIdx.x] = row_of_pair[t * topk + threadIdx.x];
+        w[threadIdx.x] = weights[t * topk + threadIdx.x];
       }
-      out[t * chunks + c] = Chunk8<T>::store(acc);
+      __syncthreads();
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int s = 0; s < topk; ++s) {
+          if (rows[s] < 0) continue;
+          float v[8];
+          Chunk8<T>::load(y[rows[s] * chunks + c], v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += w[s] * v[e];
+        }
+        out[t * chunks + c] = Chunk8<T>::store(acc);
+      }
+      __syncthreads();  // rows and w are rewritten for the next token; every store before the notify
     }
-    __syncthreads();  // rows and w are rewritten for the next token
+    if (tile_done != nullptr && threadIdx.x == 0) signal_notify<Scope::kSystem>(tile_done + tile, epoch.value());
   }
 }
 
@@ -172,6 +182,11 @@ struct RowsReadyHooks {
                                              WaitSite{SignalField::kRowsReady, t});
   }
 };
+
+// Loaded in every context of a world when it starts (runtime/world.hpp): a first launch of a kernel
+// never loads a module while a peer's kernel spins on what this one is to produce.
+TL_REGISTER_KERNELS(gather_rows_kernel, silu_mul_kernel<__nv_bfloat16>, silu_mul_kernel<__half>,
+                    topk_reduce_kernel<__nv_bfloat16>, topk_reduce_kernel<__half>, gather_tile_rows_kernel);
 
 template <class F>
 void by_dtype(DType dtype, F&& f) {
@@ -280,6 +295,7 @@ compute::sm90::GroupedGemmArgs MoeLayer::grouped_args(const void* a, const int64
   g.offsets = offsets_;
   g.first_tile_rows = first_tile_rows_;
   g.in_type = g.out_type = dtype_;
+  g.num_sms = gemm_sms_;
   if (a_rows != nullptr) {
     g.a_row_index = a_rows;
     g.a_rows = tokens_;
@@ -297,10 +313,15 @@ void MoeLayer::gather(const void* x, void* xs, cudaStream_t stream) const {
 }
 
 void MoeLayer::activate(const void* h, void* act, cudaStream_t stream) const {
+  activate_cols(h, act, ffn_, stream);
+}
+
+void MoeLayer::activate_cols(const void* h, void* act, int64_t f, cudaStream_t stream) const {
   TL_REQUIRE(h != nullptr && act != nullptr, "moe (cuda): activate: null pointer");
+  TL_REQUIRE(f >= 8 && f % 8 == 0, "moe (cuda): activate: f must be a positive multiple of 8, got " << f);
   by_dtype(dtype_, [&](auto t) {
     silu_mul_kernel<decltype(t)><<<grid_for(rows()), kThreads, 0, stream>>>(
-        static_cast<const uint4*>(h), ffn_ / 8, offsets_, experts_, static_cast<uint4*>(act));
+        static_cast<const uint4*>(h), f / 8, offsets_, experts_, static_cast<uint4*>(act));
   });
   TL_CUDA_CHECK(cudaGetLastError());
 }
@@ -310,8 +331,23 @@ void MoeLayer::topk_reduce(const void* y, const float* weights, void* out, cudaS
              "moe (cuda): topk_reduce: null pointer");
   by_dtype(dtype_, [&](auto t) {
     topk_reduce_kernel<decltype(t)><<<grid_for(tokens_), kThreads, 0, stream>>>(
-        static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_,
-        static_cast<uint4*>(out));
+        static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_, 1, 0,
+        static_cast<uint4*>(out), nullptr, Epoch{0});
+  });
+  TL_CUDA_CHECK(cudaGetLastError());
+}
+
+void MoeLayer::topk_reduce_tiles(const void* y, const float* weights, void* out, int tile_rows,
+                                 int first_tile, Signal* tile_done, Epoch epoch, int blocks,
+                                 cudaStream_t stream) const {
+  TL_REQUIRE(y != nullptr && weights != nullptr && out != nullptr && tile_done != nullptr,
+             "moe (cuda): topk_reduce_tiles: null pointer");
+  TL_REQUIRE(tile_rows >= 1 && blocks >= 1, "moe (cuda): topk_reduce_tiles: tile_rows (" << tile_rows
+                                                << ") and blocks (" << blocks << ") must be >= 1");
+  by_dtype(dtype_, [&](auto t) {
+    topk_reduce_kernel<decltype(t)><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_, tile_rows,
+        first_tile, static_cast<uint4*>(out), tile_done, epoch);
   });
   TL_CUDA_CHECK(cudaGetLastError());
 }
@@ -334,9 +370,14 @@ void MoeLayer::set_gather_sms(int sms) {
   gather_sms_ = sms;
 }
 
+void MoeLayer::set_gemm_sms(int sms) {
+  TL_REQUIRE(sms >= 0 && sms <= sms_, "moe (cuda): the grouped GEMM takes 0 (every SM) to " << sms_ << " SMs, got " << sms);
+  gemm_sms_ = sms;
+}
+
 void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* out,
                               cudaStream_t stream) {
-  TL_REQUIRE(sms_ > 2 * gather_sms_, "moe (cuda): the overlapped layer 0 needs more than "
+  TL_REQUIRE((gemm_sms_ > 0 ? gemm_sms_ : sms_) > 2 * gather_sms_, "moe (cuda): the overlapped layer 0 needs more than "
                                          << 2 * gather_sms_ << " SMs, the device has " << sms_);
   // every call starts from cleared signals: a graph replays the clear with the rest
   TL_CUDA_CHECK(cudaMemsetAsync(rows_ready_, 0, max_tile_rows_ * sizeof(uint64_t), stream));
@@ -347,7 +388,7 @@ void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* ou
       experts_, static_cast<uint4*>(xs_), rows_ready_);
   TL_CUDA_CHECK(cudaGetLastError());
   compute::sm90::GroupedGemmArgs g = grouped_args(xs_, nullptr, w1, out, n, hidden_);
-  g.num_sms = sms_ - gather_sms_;
+  g.num_sms = (gemm_sms_ > 0 ? gemm_sms_ : sms_) - gather_sms_;
   RowsReadyHooks hooks;
   hooks.ready = rows_ready_;
   hooks.first_tile_rows = first_tile_rows_;

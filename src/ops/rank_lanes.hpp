@@ -20,6 +20,7 @@
 
 
 #include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/core/dtype.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/core/partition.hpp"
 #include "tilelink/ops/baseline_cuda.hpp"
@@ -156,19 +157,23 @@ class RankLanes {
     TL_NCCL_CHECK(ncclGroupEnd());
   }
 
-  // ReduceScatter (sum, bf16) of row segments: partial[r] holds rank r's rows.total() x row_elems
-  // partial, out[r] receives the sum of rows [rows.begin(r), rows.end(r)) over every rank. Even
-  // segments: ncclReduceScatter; ragged: one ncclReduce per non-empty segment (root = its owner),
-  // grouped. On each rank's stream.
+  // ReduceScatter (sum; bf16, or fp16 where dtype says) of row segments: partial[r] holds rank r's
+  // rows.total() x row_elems partial, out[r] receives the sum of rows [rows.begin(r), rows.end(r))
+  // over every rank. Even segments: ncclReduceScatter; ragged: one ncclReduce per non-empty segment
+  // (root = its owner), grouped. On each rank's stream.
   void nccl_reduce_scatter_rows(const RowPartition& rows, int64_t row_elems,
-                                const std::vector<const void*>& partial, const std::vector<void*>& out) {
+                                const std::vector<const void*>& partial, const std::vector<void*>& out,
+                                DType dtype = DType::kBF16) {
     require_nccl("ReduceScatter");
-    const size_t eb = sizeof(uint16_t);  // bf16
+    TL_REQUIRE(dtype == DType::kBF16 || dtype == DType::kF16,
+               "the NCCL ReduceScatter baseline sums bf16 or fp16, got " << dtype_name(dtype));
+    const ncclDataType_t type = dtype == DType::kF16 ? ncclFloat16 : ncclBfloat16;
+    const size_t eb = sizeof(uint16_t);  // bf16 or fp16
     TL_NCCL_CHECK(ncclGroupStart());
     for (int r : world_.local_ranks()) {
       if (even(rows)) {
         TL_NCCL_CHECK(ncclReduceScatter(partial[r], out[r], static_cast<size_t>(rows.size(0) * row_elems),
-                                        ncclBfloat16, ncclSum, nccl_[r], world_.stream(r)));
+                                        type, ncclSum, nccl_[r], world_.stream(r)));
         continue;
       }
       for (int root = 0; root < rows.world_size; ++root) {
@@ -176,7 +181,7 @@ class RankLanes {
         const char* src = static_cast<const char*>(partial[r]) + rows.begin(root) * row_elems * eb;
         // NOTE: recvbuff is read on the root only.
         TL_NCCL_CHECK(ncclReduce(src, r == root ? out[r] : nullptr,
-                                 static_cast<size_t>(rows.size(root) * row_elems), ncclBfloat16, ncclSum,
+                                 static_cast<size_t>(rows.size(root) * row_elems), type, ncclSum,
                                  root, nccl_[r], world_.stream(r)));
       }
     }

@@ -46,6 +46,7 @@
 #include <vector>
 #include <type_traits>
 
+#include "bench_world.hpp"
 #include "cli.hpp"
 #include "device_buffer.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -131,28 +132,6 @@ std::vector<AttnShape> parse_shapes(const std::string& s) {
   }
   TL_REQUIRE(!out.empty(), "bench attention: --shapes is empty");
   return out;
-}
-
-// The run's header line: UTC date, device, the commit ($TILELINK_COMMIT, else `git rev-parse` in
-// the working directory, else "unknown").
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return buf;
-}
-std::string source_commit() {
-  if (const char* env = std::getenv("TILELINK_COMMIT"); env != nullptr && *env) return env;
-  std::string out;
-  if (FILE* f = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buf[64];
-    if (std::fgets(buf, sizeof(buf), f) != nullptr) out = buf;
-    (void)pclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out.empty() ? "unknown" : out;
 }
 
 // ---- the sampled check --------------------------------------------------------------------------
@@ -400,19 +379,6 @@ int bench_attention(Args& args) {
 
 
 // ---- bench sp_attn: the fused op on virtual ranks ----------------------------------------------
-
-// Host wall time of fn() and the world's sync, in ms.
-template <class Fn>
-double timed_ms(tilelink::cuda::World& world, const char* what, Fn&& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  world.sync(what);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // Op: tlc::SpAttn (with its parts: the comm program alone, the engine alone) or tlc::RingAttn.
 template <class Op>

@@ -17,8 +17,7 @@
 //   moe_ag_gemm   layer 0: out [rows, F] = X [tokens, H] gathered · W1_eᵀ, W1 [E, F, H]
 //   moe_gemm_rs   layer 1: out [tokens, H] = the top-k reduce of H1 [rows, F] · W2_eᵀ, W2 [E, H, F]
 //   moe_mlp       layer 0 with W1 [E, 2F, H] (gate; up), SiLU(gate) · up, layer 1
-// --world W would give each GPU F / W of every expert (rounded up to a multiple of 8); only world 1
-// runs on one GPU (virtual-rank MoE layers are not built yet).
+// --world W > 1 runs the ops over W virtual ranks of this GPU instead (bench_moe_ranks below).
 //
 // Inputs: hashed uniform values on the device (X and H1 in [-1, 1), weights in [-3, 3) / sqrt(K),
 // so every GEMM's outputs have a standard deviation near 1); topk_weights fp32, positive, each
@@ -49,6 +48,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <span>
@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "bench_moe_models.hpp"
+#include "bench_world.hpp"
 #include "cli.hpp"
 #include "device_buffer.hpp"
 #include "moe_sampled_reference.hpp"
@@ -65,6 +66,7 @@
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/moe_cuda.hpp"
+#include "tilelink/ops/moe_ops_cuda.hpp"
 #include "tilelink/ops/moe_routing.hpp"
 
 namespace tilelink::cli {
@@ -393,6 +395,174 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
   return row;
 }
 
+// ---- over the virtual ranks of a world --------------------------------------------------------
+
+// `bench moe_* --world W` (W > 1): the ops of ops/moe_ops_cuda.hpp on W virtual ranks of this GPU,
+// each rank F / W of every expert (rounded up to a multiple of 8) and M / W of the tokens; unfused =
+// baseline (a) (the copy engine's AllGathers, then the routing, the gather and the grouped GEMM;
+// layer 1: the partial, then the ReduceScatter), fused = the op's run(); comm / compute = the
+// parts alone (moe_mlp: not split), ideal = max(comm, compute), overlap = (comm + compute - fused)
+// / min(comm, compute); check: fused and unfused bit for bit on every rank, no output left poisoned.
+int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, const std::vector<int64_t>& tokens_list,
+                    const std::vector<MoeRoutingPattern>& patterns) {
+  namespace tlc = tilelink::cuda;
+  const MoeBenchOp op = o.op;
+  const char* name = op_name(op);
+  const int W = static_cast<int>(o.world);
+  const BenchGpu gpu = require_sm90_gpu(std::string("bench ") + name);
+  std::printf("# date %s; device %s, %d SMs; commit %s\n", utc_now().c_str(), gpu.prop.name, gpu.sms,
+              source_commit().c_str());
+  std::printf(
+      "# bench %s: %s, world %d virtual ranks on one GPU (each its green context's SMs), F / W of every expert a "
+      "rank, M / W tokens a rank; unfused = baseline (a): the copy engine's AllGathers, then the routing, a gather "
+      "and the grouped GEMM (layer 1: the partial, then the ReduceScatter on every SM); fused = the op's fused "
+      "call; comm / compute = the parts alone; ideal = max(comm, compute); overlap = (comm + compute - fused) / "
+      "min(comm, compute); ms: host wall medians of %d after %d warm-ups; check: fused and unfused bit-identical "
+      "on every rank; auto: the op's choice\n",
+      name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup);
+  std::printf("%-13s %6s %-13s | %9s %9s %9s %9s %9s | %7s %7s | %5s | %s\n", "model", "tokens", "routing",
+              "unfused", "fused", "comm", "compute", "ideal", "speedup", "overlap", "check", "auto");
+  tlc::World world({.transport = tlc::Transport::kVirtual, .world_size = W});
+  const int64_t eb = dtype_size(o.dtype);
+  bool all_ok = true;
+  std::vector<double> speedups;
+  for (size_t model_index : models) {
+    const MoeModel& model = kMoeModels[model_index];
+    const int64_t hidden = model.hidden, ffn = ffn_shard(model.ffn, W);
+    const int experts = model.experts, topk = model.topk;
+    for (int64_t tokens : tokens_list) {
+      const RowPartition parts = RowPartition::even(tokens, W);
+      const std::vector<int64_t> ffns(W, ffn);
+      const int64_t rows = tokens * topk;
+      for (MoeRoutingPattern pattern : patterns) {
+        std::seed_seq case_seed{static_cast<uint32_t>(o.seed), static_cast<uint32_t>(model_index),
+                                static_cast<uint32_t>(tokens), static_cast<uint32_t>(pattern),
+                                static_cast<uint32_t>(op), static_cast<uint32_t>(W)};
+        std::mt19937_64 gen(case_seed);
+        const std::vector<int32_t> ids = moe_draw_routing(gen, tokens, topk, experts, pattern);
+        std::vector<float> weights(rows);
+        std::uniform_real_distribution<float> unit(0.1f, 1.0f);
+        for (float& v : weights) v = unit(gen);
+        const bool layer0 = op != MoeBenchOp::kGemmRs, layer1 = op != MoeBenchOp::kAgGemm;
+        const int64_t n0 = op == MoeBenchOp::kMlp ? 2 * ffn : ffn;
+        std::vector<std::unique_ptr<DeviceBuffer>> keep;
+        auto alloc = [&](int r, int64_t bytes) {
+          world.bind(r);
+          keep.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(std::max<int64_t>(bytes, 16))));
+          return keep.back()->get();
+        };
+        std::vector<const void*> x(W), w1(W), w2(W), h1(W);
+        std::vector<const int32_t*> my_ids(W), all_ids(W);
+        std::vector<const float*> my_w(W), all_w(W);
+        std::vector<void*> out_f(W), out_u(W);
+        std::vector<int64_t> out_bytes(W);
+        for (int r = 0; r < W; ++r) {
+          const int64_t t0 = parts.begin(r), tr = parts.size(r);
+          const uint64_t fill = o.seed ^ (0x9E3779B97F4A7C15ull * (model_index + 1)) ^ (uint64_t(tokens) << 20) ^
+                                (uint64_t(r) << 8) ^ uint64_t(pattern);
+          auto upload = [&](const void* host, int64_t bytes) {
+            void* d = alloc(r, bytes);
+            if (bytes > 0) CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+            return d;
+          };
+          my_ids[r] = tr ? static_cast<const int32_t*>(upload(ids.data() + t0 * topk, tr * topk * 4)) : nullptr;
+          my_w[r] = tr ? static_cast<const float*>(upload(weights.data() + t0 * topk, tr * topk * 4)) : nullptr;
+          all_ids[r] = static_cast<const int32_t*>(upload(ids.data(), rows * 4));
+          all_w[r] = static_cast<const float*>(upload(weights.data(), rows * 4));
+          if (layer0) {
+            void* xd = alloc(r, tr * hidden * eb);
+            fill_uniform(xd, o.dtype, tr * hidden, fill ^ 0x1, 1.0f, world.stream(r));
+            x[r] = tr ? xd : nullptr;
+            void* w = alloc(r, experts * n0 * hidden * eb);
+            fill_uniform(w, o.dtype, experts * n0 * hidden, fill ^ 0x2, 3.0f / std::sqrt(float(hidden)), world.stream(r));
+            w1[r] = w;
+          }
+          if (layer1) {
+            if (!layer0) {
+              void* hd = alloc(r, rows * ffn * eb);
+              fill_uniform(hd, o.dtype, rows * ffn, fill ^ 0x3, 1.0f, world.stream(r));
+              h1[r] = hd;
+            }
+            void* w = alloc(r, experts * hidden * ffn * eb);
+            fill_uniform(w, o.dtype, experts * hidden * ffn, fill ^ 0x4, 3.0f / std::sqrt(float(ffn)), world.stream(r));
+            w2[r] = w;
+          }
+          out_bytes[r] = (op == MoeBenchOp::kAgGemm ? rows * ffn : tr * hidden) * eb;
+          out_f[r] = alloc(r, out_bytes[r]), out_u[r] = alloc(r, out_bytes[r]);
+          CK(cudaMemsetAsync(out_f[r], 0xff, out_bytes[r], world.stream(r)));
+          CK(cudaMemsetAsync(out_u[r], 0xff, out_bytes[r], world.stream(r)));
+          if (out_bytes[r] == 0) out_f[r] = out_u[r] = nullptr;
+        }
+        world.sync("inputs");
+        std::unique_ptr<tlc::MoeAgGemm> l0;
+        std::unique_ptr<tlc::MoeGemmRs> l1;
+        std::unique_ptr<tlc::MoeMlp> mlp;
+        if (op == MoeBenchOp::kAgGemm) l0 = std::make_unique<tlc::MoeAgGemm>(world, parts, hidden, ffns, experts, topk, o.dtype);
+        if (op == MoeBenchOp::kGemmRs) l1 = std::make_unique<tlc::MoeGemmRs>(world, parts, hidden, ffns, experts, topk, o.dtype);
+        if (op == MoeBenchOp::kMlp) mlp = std::make_unique<tlc::MoeMlp>(world, parts, hidden, ffns, experts, topk, o.dtype);
+        auto call = [&](bool fused, const std::vector<void*>& out) {
+          if (l0) fused ? l0->run(x, my_ids, my_w, w1, out) : l0->run_unfused(x, my_ids, my_w, w1, out);
+          if (l1) fused ? l1->run(h1, all_ids, all_w, w2, out) : l1->run_unfused(h1, all_ids, all_w, w2, out);
+          if (mlp) fused ? mlp->run(x, my_ids, my_w, w1, w2, out) : mlp->run_unfused(x, my_ids, my_w, w1, w2, out);
+        };
+        // the check: one call of each path, every rank's output bit for bit, none left poisoned
+        call(true, out_f);
+        world.sync(name);
+        call(false, out_u);
+        world.sync(name);
+        bool same = true;
+        for (int r = 0; r < W && same; ++r) {
+          if (out_bytes[r] == 0) continue;
+          world.bind(r);
+          const std::vector<std::byte> a = read_back(out_f[r], out_bytes[r]), b = read_back(out_u[r], out_bytes[r]);
+          same = a == b;
+          for (size_t i = 0; i + 1 < a.size() && same; i += 2)
+            same = !(a[i] == std::byte{0xff} && a[i + 1] == std::byte{0xff});
+        }
+        std::vector<double> tu, tf, tc, tk;
+        for (int i = 0; i < o.warmup + o.reps; ++i) {
+          const double u = timed_ms(world, name, [&] { call(false, out_u); });
+          const double f = timed_ms(world, name, [&] { call(true, out_f); });
+          double c = 0, k = 0;
+          if (l0) {
+            c = timed_ms(world, "comm alone", [&] { l0->run_comm_only(x, my_ids, my_w); });
+            k = timed_ms(world, "compute alone", [&] { l0->run_compute_only(w1, out_f); });
+          }
+          if (l1) {
+            k = timed_ms(world, "compute alone", [&] { l1->run_compute_only(h1, all_ids, all_w, w2); });
+            c = timed_ms(world, "comm alone", [&] { l1->run_comm_only(out_f); });
+          }
+          if (i < o.warmup) continue;
+          tu.push_back(u), tf.push_back(f), tc.push_back(c), tk.push_back(k);
+        }
+        const double u = median_of(tu), f = median_of(tf), c = median_of(tc), k = median_of(tk);
+        const bool parts_timed = !mlp;
+        const double overlap = parts_timed && std::min(c, k) > 0 ? (c + k - f) / std::min(c, k) : 0.0;
+        speedups.push_back(u / f);
+        const std::string auto_path =
+            op_path_name(l0 ? l0->choose().path : l1 ? l1->choose().path : mlp->choose().path);
+        if (parts_timed) {
+          std::printf("%-13s %6lld %-13s | %9.4f %9.4f %9.4f %9.4f %9.4f | %7.3f %7.2f | %5s | %s\n", model.name,
+                      (long long)tokens, moe_routing_name(pattern), u, f, c, k, std::max(c, k), u / f, overlap,
+                      same ? "ok" : "FAIL", auto_path.c_str());
+        } else {
+          std::printf("%-13s %6lld %-13s | %9.4f %9.4f %9s %9s %9s | %7.3f %7s | %5s | %s\n", model.name,
+                      (long long)tokens, moe_routing_name(pattern), u, f, "-", "-", "-", u / f, "-",
+                      same ? "ok" : "FAIL", auto_path.c_str());
+        }
+        std::fflush(stdout);
+        all_ok = all_ok && same;
+      }
+    }
+  }
+  if (!speedups.empty()) {
+    std::sort(speedups.begin(), speedups.end());
+    std::printf("# fused / unfused: median %.3f, min %.3f\n", median_of(speedups), speedups.front());
+  }
+  std::printf("# check %s\n", all_ok ? "PASSED" : "FAILED");
+  return all_ok ? 0 : 1;
+}
+
 int bench_moe(MoeBenchOp op, Args& args) {
   const std::string name = std::string("bench ") + op_name(op);
   const std::vector<std::string> model_names = split_list(args.get("--models", ""));
@@ -420,10 +590,6 @@ int bench_moe(MoeBenchOp op, Args& args) {
   o.check = !no_check;
 
   // ---- the cases, checked before the device is touched ----
-  TL_REQUIRE(o.world == 1,
-             name << ": --world " << o.world << " needs " << o.world
-                  << " ranks' F shards on this one GPU, and virtual-rank MoE layers are not built "
-                     "yet; on one GPU only --world 1 runs");
   const std::vector<MoeModel> selected = select_moe_models(model_names, name.c_str());
   std::vector<size_t> models;  // indices into kMoeModels (a case's seed takes its index)
   for (size_t i = 0; i < std::size(kMoeModels); ++i)
@@ -436,6 +602,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
   std::vector<MoeRoutingPattern> patterns;
   for (const std::string& r : routing_names) patterns.push_back(moe_routing_pattern(r));
   TL_REQUIRE(!patterns.empty(), name << ": --routing is empty");
+
+  if (o.world > 1) {
+    TL_REQUIRE(o.world <= 8, name << ": --world takes 1 to 8 virtual ranks, got " << o.world);
+    return bench_moe_ranks(o, models, tokens_list, patterns);
+  }
 
   // ---- the device ----
   const BenchGpu gpu = require_sm90_gpu(name);
@@ -520,7 +691,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
 
 const char* kUsage =
     "[--models mixtral-8x7b,mixtral-8x22b,qwen1.5-moe,deepseek-moe,deepseek-v3,qwen3-30b-a3b] "
-    "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world 1] "
+    "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world W (1: the layer on one GPU; 2-8: virtual ranks)] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
     "[--fused overlap|gathered] [--gather-sms N (overlap: SMs of the gather kernel)]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
@@ -530,17 +701,20 @@ const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
 TILELINK_REGISTER_COMMAND(
     "bench moe_ag_gemm", kUsage,
     "MoE layer 0 on one GPU (route + grouped GEMM, X gathered in the load path) vs the unfused "
-    "pipeline, a per-expert cuBLAS loop and a dense GEMM; checked against (a) and float64",
+    "pipeline, a per-expert cuBLAS loop and a dense GEMM; checked against (a) and float64; with --world W, "
+    "AllGather + grouped GEMM over W virtual ranks vs baseline (a), checked bit for bit",
     [](Args& args) { return bench_moe(MoeBenchOp::kAgGemm, args); }, kFlags);
 TILELINK_REGISTER_COMMAND(
     "bench moe_gemm_rs", kUsage,
     "MoE layer 1 on one GPU (route + grouped GEMM + top-k reduce) vs a per-expert cuBLAS loop and "
-    "a dense GEMM; checked against (a) and float64",
+    "a dense GEMM; checked against (a) and float64; with --world W, + ReduceScatter over W virtual ranks "
+    "vs baseline (a), checked bit for bit",
     [](Args& args) { return bench_moe(MoeBenchOp::kGemmRs, args); }, kFlags);
 TILELINK_REGISTER_COMMAND(
     "bench moe_mlp", kUsage,
     "the whole MoE layer on one GPU (fused layer 0, SiLU(gate) * up, layer 1) vs the unfused "
-    "pipeline, a per-expert cuBLAS loop and dense GEMMs; checked against (a) and float64",
+    "pipeline, a per-expert cuBLAS loop and dense GEMMs; checked against (a) and float64; with --world W, "
+    "over W virtual ranks vs baseline (a), checked bit for bit",
     [](Args& args) { return bench_moe(MoeBenchOp::kMlp, args); }, kFlags);
 
 }  // namespace tilelink::cli

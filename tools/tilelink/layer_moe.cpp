@@ -27,7 +27,7 @@ MoeGpuRun& moe_gpu() {
 const char* kMoeUsage =
     "[--tokens M] [--hidden H] [--ffn F (total; split evenly over the ranks)] [--experts E] [--topk K] "
     "[--routing uniform|skewed|one-expert|empty-experts] [--m-split c0,c1,...] [--world W] [--dtype bf16|fp16|fp32] "
-    "[--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda (world 1)]";
+    "[--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda (virtual ranks on one GPU)]";
 
 class MoeProblem final : public LayerProblem {
  public:
@@ -79,10 +79,12 @@ class MoeProblem final : public LayerProblem {
 
   std::string cuda_refusal() const override {
     if (!moe_gpu()) return "this build has no CUDA";
-    if (world_ != 1) return "the MoE layers run on one GPU so far (--world 1); over ranks they are not built";
+    if (world_ > 32) return "the GPU layers take at most 32 ranks";
     if (dtype_ == DType::kF32) return "the GPU layers are bf16 or fp16";
     if (tokens_ == 0) return "the GPU layers take at least one token";
-    if (hidden_ % 8 != 0 || ffn_ % 8 != 0) return "the GPU layers take --hidden and --ffn in multiples of 8";
+    if (hidden_ % 8 != 0) return "the GPU layers take --hidden in multiples of 8";
+    for (int64_t f : ffn_r_)
+      if (f % 8 != 0) return "the GPU layers take each rank's F in multiples of 8 (--ffn a multiple of 8 x --world)";
     return "";
   }
   CpuOutcome check_cuda(const LayerRun& run) const override {
@@ -93,10 +95,10 @@ class MoeProblem final : public LayerProblem {
 
  private:
   // run.iters calls of the fused layer and of its unfused baseline, on the CPU backend's world or
-  // (gpu) on one GPU, each against float64 and bit for bit against each other.
+  // (gpu) on virtual ranks of one GPU, each against float64 and bit for bit against each other.
   CpuOutcome check(const LayerRun& run, bool gpu) const {
     std::mt19937_64 rng(run.seed);
-    cpu::World world(gpu ? 1 : world_);
+    cpu::World world(world_);
     const int W = world_;
     const int64_t h = hidden_, eb = dtype_size(dtype_), rows = tokens_ * topk_;
     // The weights, once: W1_r [E, F_r (x2 for the MLP: gate then up), H], W2_r [E, H, F_r].
@@ -137,16 +139,20 @@ class MoeProblem final : public LayerProblem {
         poison(fused[r]), poison(unfused[r]);
       }
       auto call_op = [&](bool fused_path, std::vector<std::vector<std::byte>>& out) {
-        if (gpu) {  // world 1: the whole layer on one GPU
+        if (gpu) {  // the layer on virtual ranks of one GPU
           MoeGpuCall c;
           c.op = static_cast<int>(op_);
-          c.tokens = tokens_, c.hidden = h, c.ffn = ffn_r_[0], c.experts = experts_, c.topk = topk_;
+          c.tokens = tokens_part_, c.hidden = h, c.ffn = ffn_r_, c.experts = experts_, c.topk = topk_;
           c.dtype = dtype_, c.ids = ids.data(), c.weights = weights.data();
           c.x = x.empty() ? nullptr : x.data();
-          c.h1 = h1[0].empty() ? nullptr : h1[0].data();
-          c.w1 = w1[0].empty() ? nullptr : w1[0].data();
-          c.w2 = w2[0].empty() ? nullptr : w2[0].data();
-          return moe_gpu()(c, fused_path, out[0].data());
+          for (int r = 0; r < W; ++r) {
+            c.h1.push_back(h1[r].empty() ? nullptr : h1[r].data());
+            c.w1.push_back(w1[r].empty() ? nullptr : w1[r].data());
+            c.w2.push_back(w2[r].empty() ? nullptr : w2[r].data());
+          }
+          std::vector<std::byte*> outs;
+          for (auto& o : out) outs.push_back(o.data());
+          return moe_gpu()(c, fused_path, outs);
         }
         auto on_rank = [&](cpu::RankContext& ctx) {
           const int r = ctx.rank;

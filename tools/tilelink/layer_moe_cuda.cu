@@ -1,57 +1,77 @@
 // The GPU side of `tilelink run moe_ag_gemm|moe_gemm_rs|moe_mlp --backend cuda` (layer_ops.hpp,
-// MoeGpuRun): one call of the layer on one GPU through cuda::MoeLayer (ops/moe_cuda.hpp), its
-// inputs copied in and its output copied back, timed with CUDA events around the routing and the
-// layer.
+// MoeGpuRun): one call of the layer on virtual ranks of one GPU through the ops of
+// ops/moe_ops_cuda.hpp (world 1: cuda::MoeLayer alone), every rank's inputs copied in and its
+// output copied back, timed on the host clock to the world's sync.
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <memory>
 #include <vector>
 
 #include "device_buffer.hpp"
 #include "layer_ops.hpp"
 #include "tilelink/backend/cuda/check.hpp"
-#include "tilelink/ops/moe_cuda.hpp"
+#include "tilelink/ops/moe_ops_cuda.hpp"
+#include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cli {
 namespace {
 
-
-double run_moe_on_gpu(const MoeGpuCall& c, bool fused, std::byte* out) {
-  const int64_t eb = dtype_size(c.dtype), rows = c.tokens * c.topk, h = c.hidden, f = c.ffn;
+double run_moe_on_gpu(const MoeGpuCall& c, bool fused, const std::vector<std::byte*>& out) {
+  const int W = c.tokens.world_size;
+  const int64_t eb = dtype_size(c.dtype), M = c.tokens.total(), rows = M * c.topk, h = c.hidden;
   const int64_t e = c.experts;
-  cuda::MoeLayer moe(c.tokens, h, f, c.experts, c.topk, c.dtype);
-  DeviceBuffer ids(rows * sizeof(int32_t), c.ids), weights(rows * sizeof(float), c.weights);
-  const int64_t out_bytes = (c.op == 0 ? rows * f : c.tokens * h) * eb;
-  DeviceBuffer d_out(out_bytes);
-  TL_CUDA_CHECK(cudaMemset(d_out.get(), 0xff, out_bytes));  // poison: what the call leaves shows
+  cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = W});
   std::vector<std::unique_ptr<DeviceBuffer>> keep;
-  auto put = [&](const std::byte* host, int64_t bytes) -> const void* {
-    if (host == nullptr) return nullptr;
-    keep.push_back(std::make_unique<DeviceBuffer>(bytes, host));
+  auto put = [&](int r, const void* host, int64_t bytes) -> const void* {
+    if (host == nullptr || bytes == 0) return nullptr;
+    world.bind(r);
+    keep.push_back(std::make_unique<DeviceBuffer>(bytes, static_cast<const std::byte*>(host)));
     return keep.back()->get();
   };
-  const void* x = put(c.x, c.tokens * h * eb);
-  const void* h1 = put(c.h1, rows * f * eb);
-  const void* w1 = put(c.w1, e * (c.op == 2 ? 2 : 1) * f * h * eb);
-  const void* w2 = put(c.w2, e * h * f * eb);
-  const cuda::MoePath path = fused ? cuda::MoePath::kFused : cuda::MoePath::kUnfused;
-  cudaEvent_t ev[2];
-  TL_CUDA_CHECK(cudaEventCreate(&ev[0]));
-  TL_CUDA_CHECK(cudaEventCreate(&ev[1]));
-  TL_CUDA_CHECK(cudaEventRecord(ev[0], nullptr));
-  moe.route(static_cast<const int32_t*>(ids.get()), nullptr);
-  if (c.op == 0) moe.layer0(x, w1, f, d_out.get(), path, nullptr);
-  if (c.op == 1) moe.layer1(h1, w2, static_cast<const float*>(weights.get()), d_out.get(), nullptr);
-  if (c.op == 2) moe.mlp(x, w1, w2, static_cast<const float*>(weights.get()), d_out.get(), path, nullptr);
-  TL_CUDA_CHECK(cudaEventRecord(ev[1], nullptr));
-  TL_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-  float ms = 0;
-  TL_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-  TL_CUDA_CHECK(cudaEventDestroy(ev[0]));
-  TL_CUDA_CHECK(cudaEventDestroy(ev[1]));
-  int64_t status = 0;
-  TL_CUDA_CHECK(cudaMemcpy(&status, moe.status(), sizeof(status), cudaMemcpyDeviceToHost));
-  TL_REQUIRE(status == 0, "moe (cuda): the routing found a bad expert id at pair " << status - 1);
-  TL_CUDA_CHECK(cudaMemcpy(out, d_out.get(), out_bytes, cudaMemcpyDeviceToHost));
+  std::vector<const void*> x(W), w1(W), w2(W), h1(W);
+  std::vector<const int32_t*> ids(W), all_ids(W);
+  std::vector<const float*> weights(W), all_weights(W);
+  std::vector<void*> d_out(W);
+  std::vector<int64_t> out_bytes(W);
+  for (int r = 0; r < W; ++r) {
+    const int64_t t0 = c.tokens.begin(r), tr = c.tokens.size(r), f = c.ffn[r];
+    if (c.x) x[r] = put(r, c.x + t0 * h * eb, tr * h * eb);
+    ids[r] = static_cast<const int32_t*>(put(r, c.ids + t0 * c.topk, tr * c.topk * 4));
+    weights[r] = static_cast<const float*>(put(r, c.weights + t0 * c.topk, tr * c.topk * 4));
+    all_ids[r] = static_cast<const int32_t*>(put(r, c.ids, rows * 4));
+    all_weights[r] = static_cast<const float*>(put(r, c.weights, rows * 4));
+    if (!c.w1.empty() && c.w1[r]) w1[r] = put(r, c.w1[r], e * (c.op == 2 ? 2 : 1) * f * h * eb);
+    if (!c.w2.empty() && c.w2[r]) w2[r] = put(r, c.w2[r], e * h * f * eb);
+    if (!c.h1.empty() && c.h1[r]) h1[r] = put(r, c.h1[r], rows * f * eb);
+    out_bytes[r] = (c.op == 0 ? rows * f : tr * h) * eb;
+    world.bind(r);
+    keep.push_back(std::make_unique<DeviceBuffer>(std::max<int64_t>(out_bytes[r], 1)));
+    d_out[r] = out_bytes[r] > 0 ? keep.back()->get() : nullptr;
+    // poison: what the call leaves shows
+    if (out_bytes[r] > 0) TL_CUDA_CHECK(cudaMemset(d_out[r], 0xff, out_bytes[r]));
+  }
+  std::unique_ptr<cuda::MoeAgGemm> l0;
+  std::unique_ptr<cuda::MoeGemmRs> l1;
+  std::unique_ptr<cuda::MoeMlp> mlp;
+  if (c.op == 0) l0 = std::make_unique<cuda::MoeAgGemm>(world, c.tokens, h, c.ffn, c.experts, c.topk, c.dtype);
+  if (c.op == 1) l1 = std::make_unique<cuda::MoeGemmRs>(world, c.tokens, h, c.ffn, c.experts, c.topk, c.dtype);
+  if (c.op == 2) mlp = std::make_unique<cuda::MoeMlp>(world, c.tokens, h, c.ffn, c.experts, c.topk, c.dtype);
+  world.sync("inputs");
+  const auto t0 = std::chrono::steady_clock::now();
+  if (l0) fused ? l0->run(x, ids, weights, w1, d_out) : l0->run_unfused(x, ids, weights, w1, d_out);
+  if (l1) fused ? l1->run(h1, all_ids, all_weights, w2, d_out) : l1->run_unfused(h1, all_ids, all_weights, w2, d_out);
+  if (mlp) fused ? mlp->run(x, ids, weights, w1, w2, d_out) : mlp->run_unfused(x, ids, weights, w1, w2, d_out);
+  world.sync(c.op == 0 ? "moe_ag_gemm" : c.op == 1 ? "moe_gemm_rs" : "moe_mlp");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 0; r < W; ++r) {
+    world.bind(r);
+    const cuda::MoeLayer& layer = l0 ? l0->layer(r) : mlp ? mlp->layer0().layer(r) : l1->layer(r);
+    int64_t status = 0;
+    TL_CUDA_CHECK(cudaMemcpy(&status, layer.status(), sizeof(status), cudaMemcpyDeviceToHost));
+    TL_REQUIRE(status == 0, "moe (cuda): rank " << r << "'s routing found a bad expert id at pair " << status - 1);
+    if (out_bytes[r] > 0) TL_CUDA_CHECK(cudaMemcpy(out[r], d_out[r], out_bytes[r], cudaMemcpyDeviceToHost));
+  }
   return ms;
 }
 

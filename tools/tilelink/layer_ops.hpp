@@ -15,6 +15,7 @@
 #include "cli.hpp"
 #include "op_check.hpp"
 #include "tilelink/core/dtype.hpp"
+#include "tilelink/core/partition.hpp"
 #include "tilelink/ops/attention_plan.hpp"
 
 namespace tilelink::cli {
@@ -47,19 +48,22 @@ class LayerProblem {
 // it): one layer's call on one GPU, its output copied back.
 struct MoeGpuCall {
   int op = 0;  // 0: moe_ag_gemm, 1: moe_gemm_rs, 2: moe_mlp
-  int64_t tokens = 0, hidden = 0, ffn = 0;
+  RowPartition tokens;               // M over the ranks (virtual ranks on one GPU)
+  int64_t hidden = 0;
+  std::vector<int64_t> ffn;          // F_r per rank
   int experts = 0, topk = 0;
   DType dtype = DType::kBF16;
-  const int32_t* ids = nullptr;      // [tokens, topk]
-  const float* weights = nullptr;    // [tokens, topk]
-  const std::byte* x = nullptr;      // [tokens, H] (layer 0, mlp)
-  const std::byte* h1 = nullptr;     // [tokens * topk, F] (layer 1)
-  const std::byte* w1 = nullptr;     // [E, F (2F: mlp), H]
-  const std::byte* w2 = nullptr;     // [E, H, F]
+  const int32_t* ids = nullptr;      // [M, topk], every token's
+  const float* weights = nullptr;    // [M, topk]
+  const std::byte* x = nullptr;      // [M, H] (layer 0, mlp)
+  std::vector<const std::byte*> h1;  // per rank [M * topk, F_r] (layer 1)
+  std::vector<const std::byte*> w1;  // per rank [E, F_r (2 F_r: mlp), H]
+  std::vector<const std::byte*> w2;  // per rank [E, H, F_r]
 };
-// Runs the call (fused or the unfused pipeline) into `out` (host; layer 0 [rows, F], the others
-// [tokens, H]) and returns the call's GPU milliseconds.
-using MoeGpuRun = std::function<double(const MoeGpuCall& call, bool fused, std::byte* out)>;
+// Runs the call (fused or the unfused pipeline) into out[r] (host; layer 0 [M * topk, F_r], the
+// others [M_r, H]) and returns the call's milliseconds (host clock, to the world's sync).
+using MoeGpuRun =
+    std::function<double(const MoeGpuCall& call, bool fused, const std::vector<std::byte*>& out)>;
 void attach_moe_gpu(MoeGpuRun run);
 void attach_moe_layers_cuda();  // layer_moe_cuda.cu (CUDA builds): attach_moe_gpu(the GPU's run)
 

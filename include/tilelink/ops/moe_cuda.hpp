@@ -34,7 +34,9 @@
 
 #include <cstdint>
 
+#include "tilelink/backend/cuda/epoch.hpp"
 #include "tilelink/compute/sm90/grouped_gemm.hpp"
+#include "tilelink/prim/signal.hpp"
 #include "tilelink/core/dtype.hpp"
 
 namespace tilelink::cuda {
@@ -72,6 +74,14 @@ class MoeLayer {
   void gather(const void* x, void* xs, cudaStream_t stream) const;
   void activate(const void* h, void* act, cudaStream_t stream) const;
   void topk_reduce(const void* y, const float* weights, void* out, cudaStream_t stream) const;
+  // The gated activation of f columns (h [rows, 2 f] -> act [rows, f]) over this layer's tables
+  // (a layer whose own F is another, e.g. layer 0 of an MLP, whose F is 2 f).
+  void activate_cols(const void* h, void* act, int64_t f, cudaStream_t stream) const;
+  // The top-k reduce by tiles of tile_rows tokens on `blocks` blocks, tiles from first_tile on
+  // (around), each announced once stored: tile_done[t] = epoch (release, system scope). The same
+  // bits as topk_reduce.
+  void topk_reduce_tiles(const void* y, const float* weights, void* out, int tile_rows, int first_tile,
+                         Signal* tile_done, Epoch epoch, int blocks, cudaStream_t stream) const;
 
   int64_t tokens() const { return tokens_; }
   int64_t rows() const { return tokens_ * topk_; }
@@ -81,6 +91,10 @@ class MoeLayer {
   // 1 to half the device's SMs).
   void set_gather_sms(int sms);
   int gather_sms() const { return gather_sms_; }
+  // The SMs the grouped GEMMs' persistent grids take (0: every SM of the device; a rank of a
+  // world passes its own share: on virtual ranks its green context's, less what it leaves free).
+  void set_gemm_sms(int sms);
+  int gemm_sms() const { return gemm_sms_; }
   int experts() const { return experts_; }
   int topk() const { return topk_; }
   DType dtype() const { return dtype_; }
@@ -98,11 +112,13 @@ class MoeLayer {
   void* act() const { return act_; }
   void* y() const { return y_; }
 
- private:
   // The grouped GEMM's arguments over this call's tables: A (gathered by a_rows / topk where
-  // a_rows is set), B [experts, n, k], C [rows, n].
+  // a_rows is set), B [experts, n, k], C [rows, n], on gemm_sms() SMs. For launches with hooks of
+  // an op's own (ops/moe_ops_cuda.hpp).
   compute::sm90::GroupedGemmArgs grouped_args(const void* a, const int64_t* a_rows, const void* b,
                                               void* c, int64_t n, int64_t k) const;
+
+ private:
   void layer0_overlap(const void* x, const void* w1, int64_t n, void* out, cudaStream_t stream);
 
   int64_t tokens_ = 0, hidden_ = 0, ffn_ = 0;
@@ -118,6 +134,7 @@ class MoeLayer {
   int64_t max_tile_rows_ = 0;
   int sms_ = 0;
   int gather_sms_ = kMoeGatherSms;
+  int gemm_sms_ = 0;
   cudaStream_t side_ = nullptr;  // kOverlap: the gather's stream, forked from and joined to the caller's
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   void* scratch_ = nullptr;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The MoE sweep on one GPU, in one go: the MoE GPU tests (one GPU and over virtual ranks), `tilelink
+# run moe_*` on the CUDA backend at worlds 1 to 4 against float64, and `tilelink bench moe_*` over
+# virtual ranks at worlds 2, 4, 8. Every step bounded by `timeout`; outputs under $OUT (or out/moe).
+#   bash bench/moe_sweep.sh BIN_DIR [quick]
+# BIN_DIR holds tilelink, gpu_test_moe_cuda and gpu_test_moe_ops (built here or unpacked by
+# bench/device_unpack.sh); `quick`: two models, 2048 tokens. TILELINK_COMMIT names the binaries'
+# commit in the tables where the copy has no git history.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:?usage: bench/moe_sweep.sh BIN_DIR [quick]}
+QUICK=${2:-}
+LOG=${OUT:-out/moe}
+mkdir -p "$LOG"
+libdirs=$(find /opt /usr /root /home -name 'libcublas.so.13' -o -name 'libnccl.so.2' 2>/dev/null |
+          xargs -r -n1 dirname | sort -u | paste -sd: -)
+export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+step() {  # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" >"$LOG/$name.txt" 2>&1
+  echo "$name rc=$?"
+}
+step test_moe_ops 300 "$BIN/gpu_test_moe_ops"
+step test_moe_cuda 120 "$BIN/gpu_test_moe_cuda"
+for op in moe_ag_gemm moe_gemm_rs moe_mlp; do
+  for w in 1 2 3 4; do
+    step "run_${op}_w$w" 120 "$BIN/tilelink" run "$op" --backend cuda --world "$w" --tokens 512 --hidden 512 \
+      --ffn 1536 --experts 8 --topk 2 --routing skewed --iters 2
+  done
+done
+if [ -z "$QUICK" ]; then
+  models=mixtral-8x7b,deepseek-v3,qwen3-30b-a3b
+  tokens=2048,8192
+else
+  models=mixtral-8x7b,qwen3-30b-a3b
+  tokens=2048
+fi
+for op in moe_ag_gemm moe_gemm_rs moe_mlp; do
+  for w in 2 4 8; do
+    step "bench_${op}_w$w" 240 "$BIN/tilelink" bench "$op" --world "$w" --models "$models" --tokens "$tokens" \
+      --routing uniform --reps 3 --warmup 1
+  done
+done
+grep -hE '^\[  (PASSED|FAILED)|^# (check|FAIL)|median|PASS|FAIL' "$LOG"/*.txt

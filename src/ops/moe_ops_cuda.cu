@@ -1,0 +1,548 @@
+// MoE layers over the ranks of a world (include/tilelink/ops/moe_ops_cuda.hpp): the plans of
+// ops/moe_plan.hpp, the AllGather and ReduceScatter comm programs, a cuda::MoeLayer per rank, on
+// the fused-op runtime (fused_runtime.hpp).
+#include "tilelink/ops/moe_ops_cuda.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "fused_runtime.hpp"
+#include "cuda/tile_done_hooks.cuh"
+#include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
+#include "tilelink/backend/cuda/stream_prim.hpp"
+#include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
+#include "tilelink/core/error.hpp"
+#include "tilelink/ops/cuda/comm.hpp"
+
+namespace tilelink::cuda {
+
+using detail::LaunchOrder;
+namespace sm90 = compute::sm90;
+
+namespace {
+
+// Layer 0's link from the comm program to the grouped GEMM (a dynamic mapping, from the routing
+// tables): before a tile's loads, each lane of a load warp maps a quarter of the tile's grouped
+// rows to their tokens' comm tiles (grouped row -> pair -> token -> the owner's segment), the warp
+// ORs the lanes' masks, and lane t waits for comm tile t where the mask holds it (bounded, quiet:
+// no function call inside the engine; system scope: the copy engine's stream write-values).
+// Both load warps of the gathered path call it; each waits before its own loads.
+struct TokenTileWaitHooks {
+  static constexpr bool kWaits = true;
+  static constexpr bool kNotifies = false;
+  DeviceContext ctx;
+  SymmetricView heap;
+  Field<Signal> tile_ready;  // the X AllGather's
+  SegmentTiling comm;        // its comm tiles over the tokens (at most 32)
+  const int64_t* pair_of_row = nullptr;
+  int topk = 1;
+  Epoch call;  // read per tile: a graph replay's epoch is on the device
+
+  __device__ void before_tile_loads(const sm90::TileWork& w) const {
+    unsigned lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    uint32_t need = 0;
+    for (int64_t i = w.region.row + lane; i < w.region.row + w.region.rows; i += 32)
+      need |= 1u << comm.tile_of_row(pair_of_row[i] / topk);
+    need = __reduce_or_sync(0xffffffffu, need);
+    if (need >> lane & 1u)
+      consumer_tile_wait<Scope::kSystem, Report::kQuiet>(ctx, heap, tile_ready, static_cast<int>(lane), call.value(),
+                                                         WaitSite{SignalField::kTileReady, static_cast<int>(lane)});
+    __syncwarp();
+  }
+};
+static_assert(sm90::detail::const_callable_hooks<TokenTileWaitHooks>(),
+              "TokenTileWaitHooks must stay const-callable: a per-warp copy lives in local memory");
+
+template <class Hooks>
+void launch_grouped(const sm90::GroupedGemmArgs& g, const Hooks& hooks, cudaStream_t stream) {
+  if (g.in_type == DType::kBF16) {
+    sm90::launch_grouped_gemm<cutlass::bfloat16_t, __nv_bfloat16>(g, hooks, stream);
+  } else {
+    sm90::launch_grouped_gemm<cutlass::half_t, __half>(g, hooks, stream);
+  }
+}
+
+// What both layers check of their shape on the CUDA backend (the plans check the rest).
+void check_moe_shape(const char* op, const World& world, const RowPartition& tokens, int64_t hidden,
+                     const std::vector<int64_t>& ffn_per_rank, DType dtype) {
+  const int W = world.size();
+  TL_REQUIRE(tokens.world_size == W, op << ": the token partition has " << tokens.world_size << " ranks, the world "
+                                        << W);
+  TL_REQUIRE(W <= kMoeMaxWorld, op << ": at most " << kMoeMaxWorld << " ranks on the CUDA backend, got " << W);
+  TL_REQUIRE(static_cast<int>(ffn_per_rank.size()) == W,
+             op << ": " << ffn_per_rank.size() << " F_r values for a world of " << W);
+  TL_REQUIRE(dtype == DType::kBF16 || dtype == DType::kF16,
+             op << " on the CUDA backend takes bf16 or fp16, got " << dtype_name(dtype));
+  TL_REQUIRE(tokens.total() >= 1, op << ": the CUDA backend needs at least one token, got " << tokens.total());
+  TL_REQUIRE(hidden % 8 == 0, op << ": H must be a multiple of 8 (16-byte rows), got " << hidden);
+  for (int r = 0; r < W; ++r)
+    TL_REQUIRE(ffn_per_rank[r] >= 8 && ffn_per_rank[r] % 8 == 0,
+               op << ": F_" << r << " must be a positive multiple of 8, got " << ffn_per_rank[r]);
+}
+
+Agreement moe_agreement(const char* op, const RowPartition& tokens, int64_t hidden,
+                        const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype) {
+  Agreement a(op);
+  a.add("world", tokens.world_size).add("dtype", static_cast<int64_t>(dtype)).add("tokens", tokens);
+  a.add("H", hidden).add("F", ffn_per_rank).add("experts", experts).add("topk", topk);
+  return a;
+}
+
+// The path both layers take on kAuto, and why.
+PathChoice moe_choice(const World& world, OpPath requested) {
+  PathChoice c;
+  if (requested != OpPath::kAuto) {
+    c.path = requested;
+    c.why = "requested";
+    return c;
+  }
+  c.path = OpPath::kUnfused;
+  c.why = world.size() == 1 ? "one GPU: the gather kernel and the grouped GEMM measured faster than the gathered load"
+          : world.transport() == Transport::kVirtual
+              ? "ranks share one GPU: the copies run on its SMs beside the GEMM"
+              : "the fused path has not been measured over separate GPUs";
+  return c;
+}
+
+}  // namespace
+
+// ---- layer 0 ----------------------------------------------------------------------------------
+
+MoeAgGemm::MoeAgGemm(World& world, const RowPartition& tokens, int64_t hidden,
+                     const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype)
+    : world_(world) {
+  check_moe_shape("moe_ag_gemm", world, tokens, hidden, ffn_per_rank, dtype);
+  // A comm tile is a rank's whole segment: one copy-engine move and one announcement a rank and
+  // tensor (the copy engine's operations are costly and its queue finite: sp_attn's note).
+  MoeAgGemmConfig config;
+  config.comm_tile_rows = static_cast<int>(std::max<int64_t>(1, tokens.max_size()));
+  for (int r = 0; r < world.size(); ++r)
+    plans_.push_back(MoeAgGemmPlan::make(r, tokens, hidden, ffn_per_rank[r], experts, topk, dtype, config));
+  TL_REQUIRE(plans_[0].x.tiles.num_tiles() <= 32, "moe_ag_gemm: internal: " << plans_[0].x.tiles.num_tiles()
+                                                                            << " comm tiles, at most 32");
+  rt_ = std::make_unique<detail::FusedRuntime>(
+      world, "moe_ag_gemm", moe_agreement("moe_ag_gemm", tokens, hidden, ffn_per_rank, experts, topk, dtype),
+      plans_[0].ws_bytes);
+  layers_.resize(world.size());
+  for (int r : world.local_ranks()) {
+    world.bind(r);
+    layers_[r] = std::make_unique<MoeLayer>(tokens.total(), hidden, ffn_per_rank[r], experts, topk, dtype);
+    // Both grouped GEMMs loaded in this context while nothing spins: their tables are still empty
+    // (no tiles), so these launches do nothing.
+    void* any = rt_->view(r).local(plans_[r].x.f.gathered);
+    enqueue_grouped(r, any, any, true, rt_->gemm_stream(r));
+    enqueue_grouped(r, any, any, false, rt_->gemm_stream(r));
+    TL_CUDA_CHECK(cudaStreamSynchronize(rt_->gemm_stream(r)));
+  }
+}
+
+MoeAgGemm::~MoeAgGemm() = default;
+
+int MoeAgGemm::gemm_sms(int rank) const { return rt_->split(rank, 0, 0).gemm_sms; }
+
+const int32_t* MoeAgGemm::gathered_ids(int rank) const {
+  return reinterpret_cast<const int32_t*>(rt_->view(rank).local(plans_.at(rank).ids.f.gathered));
+}
+const float* MoeAgGemm::gathered_weights(int rank) const {
+  return reinterpret_cast<const float*>(rt_->view(rank).local(plans_.at(rank).weights.f.gathered));
+}
+
+void MoeAgGemm::check_args(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                           const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                           const std::vector<void*>& out) const {
+  auto no_tokens = [&](int r) { return plans_[r].x.own_rows().size() == 0; };
+  rt_->check_operand("X", x, true, no_tokens);
+  rt_->check_operand("topk_ids", ids, false, no_tokens);
+  rt_->check_operand("topk_weights", weights, false, no_tokens);
+  rt_->check_operand("W1", w1);
+  rt_->check_operand("out", out);
+}
+
+void MoeAgGemm::enqueue_grouped(int r, const void* w1, void* out, bool hooked, cudaStream_t stream) {
+  const MoeAgGemmPlan& p = plans_[r];
+  MoeLayer& layer = *layers_[r];
+  const void* gathered = rt_->view(r).local(p.x.f.gathered);
+  if (!hooked) {  // the baseline: X gathered into grouped order on every SM, then the GEMM
+    layer.set_gemm_sms(world_.sm_count(r));
+    sm90::GroupedGemmArgs g = layer.grouped_args(layer.xs(), nullptr, w1, out, p.ffn, p.hidden);
+    return launch_grouped(g, sm90::NoHooks{}, stream);
+  }
+  layer.set_gemm_sms(gemm_sms(r));
+  const sm90::GroupedGemmArgs g = layer.grouped_args(gathered, layer.pair_of_row(), w1, out, p.ffn, p.hidden);
+  const TokenTileWaitHooks hooks{world_.device_context(r), rt_->view(r), p.x.f.tile_ready, p.x.tiles,
+                                 layer.pair_of_row(), p.topk, rt_->started() ? rt_->epoch(r) : Epoch{0}};
+  launch_grouped(g, hooks, stream);
+}
+
+void MoeAgGemm::run(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                    const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                    const std::vector<void*>& out) {
+  check_args(x, ids, weights, w1, out);
+  if (world_.size() == 1)  // nothing to gather: the layer alone, X's rows read by index
+    return rt_->world1([&](int r) {
+      MoeLayer& layer = *layers_[r];
+      layer.set_gemm_sms(0);
+      layer.route(ids[r], rt_->gemm_stream(r));
+      layer.layer0(x[r], w1[r], plans_[r].ffn, out[r], MoePath::kFused, rt_->gemm_stream(r));
+      const MoeAgGemmPlan& p = plans_[r];  // gathered_ids()/gathered_weights() for layer 1
+      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids[r], p.rows() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
+      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights[r], p.rows() * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
+    });
+  rt_->begin(1);
+  rt_->fused_call(
+      LaunchOrder::kComputeFirst, detail::NoStep{}, [&](int r) { enqueue_compute(r, w1[r], out[r]); },
+      [&](int r) { enqueue_comm(r, x[r], ids[r], weights[r]); });
+}
+
+void MoeAgGemm::enqueue_compute(int r, const void* w1, void* out) {
+  // the routing once every ids tile is in, then the GEMM waiting per tile
+  const MoeAgGemmPlan& p = plans_[r];
+  StreamContext sc = rt_->stream_context(r);
+  sc.stream = rt_->gemm_stream(r);
+  for (int s = 0; s < p.ids.tiles.num_tiles(); ++s)
+    consumer_tile_wait(sc, rt_->view(r), p.ids.f.tile_ready, s, rt_->value(r), WaitSite{SignalField::kTileReady, s});
+  layers_[r]->route(gathered_ids(r), sc.stream);
+  enqueue_grouped(r, w1, out, true, sc.stream);
+}
+
+void MoeAgGemm::enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights) {
+  // the AllGathers in sequence on the copy engine: ids, X, then the weights
+  const MoeAgGemmPlan& p = plans_[r];
+  const StreamExec ex{rt_->stream_context(r), rt_->view(r)};
+  const uint64_t epoch = rt_->value(r);
+  ex.barrier(p.barrier, epoch);
+  for (int i = 0; i < p.ids.count(); ++i) allgather_item(ex, p.ids, i, epoch, ids);
+  for (int i = 0; i < p.x.count(); ++i) allgather_item(ex, p.x, i, epoch, x);
+  for (int i = 0; i < p.weights.count(); ++i) allgather_item(ex, p.weights, i, epoch, weights);
+}
+
+void MoeAgGemm::run_comm_only(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                              const std::vector<const float*>& weights) {
+  rt_->require_eager("run_comm_only");
+  TL_REQUIRE(world_.size() > 1, "moe_ag_gemm: run_comm_only needs a world of more than one rank");
+  rt_->begin(1);
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    enqueue_comm(r, x[r], ids[r], weights[r]);
+  }
+}
+
+void MoeAgGemm::run_compute_only(const std::vector<const void*>& w1, const std::vector<void*>& out) {
+  // NOTE: the current epoch's signals are all set by the last comm run: the waits pass at once.
+  rt_->require_eager("run_compute_only");
+  rt_->require_started("run_compute_only", "a comm run");
+  TL_REQUIRE(world_.size() > 1, "moe_ag_gemm: run_compute_only needs a world of more than one rank");
+  rt_->each_on_gemm_stream([&](int r) { enqueue_compute(r, w1[r], out[r]); });
+}
+
+void MoeAgGemm::run_unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                            const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                            const std::vector<void*>& out) {
+  check_args(x, ids, weights, w1, out);
+  if (world_.size() == 1)
+    return rt_->world1([&](int r) {
+      MoeLayer& layer = *layers_[r];
+      layer.set_gemm_sms(0);
+      layer.route(ids[r], rt_->gemm_stream(r));
+      layer.layer0(x[r], w1[r], plans_[r].ffn, out[r], MoePath::kUnfused, rt_->gemm_stream(r));
+      const MoeAgGemmPlan& p = plans_[r];
+      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids[r], p.rows() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
+      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights[r], p.rows() * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
+    });
+  auto compute = [&](int r, cudaStream_t stream) {  // the routing, the gather, the GEMM
+    world_.bind(r);
+    MoeLayer& layer = *layers_[r];
+    layer.route(gathered_ids(r), stream);
+    layer.gather(rt_->view(r).local(plans_[r].x.f.gathered), layer.xs(), stream);
+    enqueue_grouped(r, w1[r], out[r], false, stream);
+  };
+  const Field<Signal> barrier = plans_[rt_->first_rank()].barrier;
+  if (rt_->nccl()) {  // NCCL's AllGathers (a copy: any 4-byte or 2-byte data as bf16 elements)
+    return rt_->nccl_call(barrier, [&] {
+      const MoeAgGemmPlan& p0 = plans_[rt_->first_rank()];
+      std::vector<void*> gi(world_.size()), gx(world_.size()), gw(world_.size());
+      std::vector<const void*> si(world_.size()), sx(world_.size()), sw(world_.size());
+      for (int r : world_.local_ranks()) {
+        gi[r] = rt_->view(r).local(plans_[r].ids.f.gathered), si[r] = ids[r];
+        gx[r] = rt_->view(r).local(plans_[r].x.f.gathered), sx[r] = x[r];
+        gw[r] = rt_->view(r).local(plans_[r].weights.f.gathered), sw[r] = weights[r];
+      }
+      rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.ids.row_bytes / 2, si, gi);
+      rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.x.row_bytes / 2, sx, gx);
+      rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.weights.row_bytes / 2, sw, gw);
+      for (int r : world_.local_ranks()) compute(r, world_.stream(r));
+    });
+  }
+  // The copy engine, every rank: barrier, its rows into every rank, barrier; all of it enqueued
+  // before any kernel, so a failing launch cannot strand a peer's stream wait.
+  rt_->own_call(barrier, [&] {
+    for (int r : world_.local_ranks()) {
+      world_.bind(r);
+      const MoeAgGemmPlan& p = plans_[r];
+      const StreamContext sc = rt_->stream_context(r, true);
+      SymmetricView heap = rt_->view(r);
+      const RowRange own = p.x.own_rows();
+      for (int s = 0; s < world_.size() && own.size() > 0; ++s) {
+        const int peer = peer_at(r, s, world_.size());
+        rank_copy_data(sc, peer, p.ids.rows_copy(ids[r], own.begin, heap.peer(peer, p.ids.f.gathered), own));
+        rank_copy_data(sc, peer, p.x.rows_copy(x[r], own.begin, heap.peer(peer, p.x.f.gathered), own));
+        rank_copy_data(sc, peer, p.weights.rows_copy(weights[r], own.begin, heap.peer(peer, p.weights.f.gathered), own));
+      }
+      rank_barrier(sc, heap, p.barrier, rt_->value(r, 2));
+    }
+    for (int r : world_.local_ranks()) compute(r, world_.stream(r));
+  });
+}
+
+PathChoice MoeAgGemm::choose(OpPath requested) const { return moe_choice(world_, requested); }
+
+void MoeAgGemm::run_auto(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                         const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                         const std::vector<void*>& out, OpPath requested) {
+  detail::run_chosen(*this, requested, x, ids, weights, w1, out);
+}
+
+// ---- layer 1 ----------------------------------------------------------------------------------
+
+MoeGemmRs::MoeGemmRs(World& world, const RowPartition& tokens, int64_t hidden,
+                     const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype)
+    : world_(world) {
+  check_moe_shape("moe_gemm_rs", world, tokens, hidden, ffn_per_rank, dtype);
+  TL_REQUIRE(hidden <= (int64_t{1} << 30), "moe_gemm_rs: H = " << hidden << " is out of range");
+  // The ReduceScatter's producer tiles are the top-k reduce's: kMoeReduceTileRows tokens x H; its
+  // items are a warp's bands.
+  MoeGemmRsConfig config;
+  config.reduce_tile_m = kMoeReduceTileRows;
+  config.reduce_tile_n = static_cast<int>(hidden);
+  config.band_rows = kReduceBandRows;
+  for (int r = 0; r < world.size(); ++r)
+    plans_.push_back(MoeGemmRsPlan::make(r, tokens, hidden, ffn_per_rank[r], experts, topk, dtype, config));
+  rt_ = std::make_unique<detail::FusedRuntime>(
+      world, "moe_gemm_rs", moe_agreement("moe_gemm_rs", tokens, hidden, ffn_per_rank, experts, topk, dtype),
+      plans_[0].ws_bytes);
+  layers_.resize(world.size());
+  for (int r : world.local_ranks()) {
+    world.bind(r);
+    TL_REQUIRE(reduce_sms(r) + 1 < world.sm_count(r),
+               "moe_gemm_rs: rank " << r << " has " << world.sm_count(r) << " SMs, too few for the reduce and the GEMM");
+    layers_[r] = std::make_unique<MoeLayer>(tokens.total(), hidden, ffn_per_rank[r], experts, topk, dtype);
+    // The grouped GEMM loaded in this context while nothing spins (empty tables: no tiles).
+    MoeLayer& layer = *layers_[r];
+    layer.set_gemm_sms(world.sm_count(r));
+    launch_grouped(layer.grouped_args(layer.y(), nullptr, layer.y(), layer.y(), hidden, ffn_per_rank[r]),
+                   sm90::NoHooks{}, world.stream(r));
+    TL_CUDA_CHECK(cudaStreamSynchronize(world.stream(r)));
+  }
+}
+
+MoeGemmRs::~MoeGemmRs() = default;
+
+int MoeGemmRs::reduce_sms(int rank) const { return std::clamp(world_.sm_count(rank) / 8, 1, 16); }
+
+int MoeGemmRs::gemm_sms(int rank) const { return rt_->split(rank, 0, reduce_sms(rank)).gemm_sms; }
+
+void MoeGemmRs::check_args(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                           const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                           const std::vector<void*>& c) const {
+  rt_->check_operand("H1", h1);
+  rt_->check_operand("topk_ids", ids, false);
+  rt_->check_operand("topk_weights", weights, false);
+  rt_->check_operand("W2", w2);
+  rt_->check_operand("C", c, true, [&](int r) { return plans_[r].rs.rows.size(r) == 0; });
+}
+
+void MoeGemmRs::enqueue_partial(int r, const void* h1, const int32_t* ids, const float* weights, const void* w2,
+                                bool fused, cudaStream_t stream) {
+  const MoeGemmRsPlan& p = plans_[r];
+  MoeLayer& layer = *layers_[r];
+  void* partial = rt_->view(r).local(p.rs.f.partial);
+  layer.route(ids, stream);
+  layer.set_gemm_sms(fused ? gemm_sms(r) : world_.sm_count(r));
+  launch_grouped(layer.grouped_args(h1, nullptr, w2, layer.y(), p.hidden, p.ffn), sm90::NoHooks{}, stream);
+  if (!fused) return layer.topk_reduce(layer.y(), weights, partial, stream);
+  // The next rank's tokens first: the owner the ReduceScatter serves first.
+  const int next = (r + 1) % world_.size();
+  const int first = static_cast<int>(p.rs.rows.begin(next) / kMoeReduceTileRows);
+  layer.topk_reduce_tiles(layer.y(), weights, partial, kMoeReduceTileRows, first,
+                          rt_->view(r).local(p.rs.f.tile_done), rt_->epoch(r), gemm_sms(r), stream);
+}
+
+void MoeGemmRs::run(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                    const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                    const std::vector<void*>& c) {
+  check_args(h1, ids, weights, w2, c);
+  if (world_.size() == 1)  // nothing to reduce over ranks: the layer alone, into C
+    return rt_->world1([&](int r) {
+      MoeLayer& layer = *layers_[r];
+      layer.set_gemm_sms(0);
+      layer.route(ids[r], rt_->gemm_stream(r));
+      layer.layer1(h1[r], w2[r], weights[r], c[r], rt_->gemm_stream(r));
+    });
+  rt_->begin(1);
+  rt_->fused_call(
+      LaunchOrder::kCommFirst,
+      // The entry barrier: the previous call's reads of every partial are done.
+      [&](int r) { rt_->entry_barrier(r, plans_[r].barrier); },
+      [&](int r) {
+        enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], true, rt_->gemm_stream(r));
+        // Once its partial is out, the GEMM's SMs join the ReduceScatter: its warps claim the bands
+        // still left (the workers share one counter, tagged with the call's epoch).
+        launch_reduce_scatter(world_, plans_[r].rs, rt_->view(r), c[r], rt_->epoch(r),
+                              CommLaunch{CopyMethod::kVector, gemm_sms(r), 512, rt_->gemm_stream(r)});
+      },
+      // The ReduceScatter on its own SMs, launched before the GEMM takes the rest.
+      [&](int r) {
+        launch_reduce_scatter(world_, plans_[r].rs, rt_->view(r), c[r], rt_->epoch(r),
+                              CommLaunch{CopyMethod::kVector, reduce_sms(r)});
+      });
+}
+
+void MoeGemmRs::run_unfused(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                            const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                            const std::vector<void*>& c) {
+  check_args(h1, ids, weights, w2, c);
+  if (world_.size() == 1) return run(h1, ids, weights, w2, c);  // one path at world 1
+  const Field<Signal> barrier = plans_[rt_->first_rank()].barrier;
+  if (rt_->nccl()) {  // the partials, then NCCL's ReduceScatter
+    return rt_->nccl_call(barrier, [&] {
+      std::vector<const void*> partial(world_.size(), nullptr);
+      for (int r : world_.local_ranks()) {
+        world_.bind(r);
+        enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], false, world_.stream(r));
+        partial[r] = rt_->view(r).local(plans_[r].rs.f.partial);
+      }
+      const MoeGemmRsPlan& p0 = plans_[rt_->first_rank()];
+      rt_->lanes().nccl_reduce_scatter_rows(p0.rs.rows, p0.hidden, partial, c, p0.dtype);
+    });
+  }
+  rt_->own_call(barrier, [&] {
+    for (int r : world_.local_ranks()) {  // the partial, then published whole
+      world_.bind(r);
+      enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], false, world_.stream(r));
+      detail::launch_set_signals(rt_->view(r).local(plans_[r].rs.f.tile_done), plans_[r].rs.producer.num_tiles(),
+                                 rt_->epoch(r, 2), world_.stream(r));
+    }
+    for (int r : world_.local_ranks())  // the ReduceScatter, on all the rank's SMs
+      launch_reduce_scatter(world_, plans_[r].rs, rt_->view(r), c[r], rt_->epoch(r, 2),
+                            CommLaunch{CopyMethod::kVector, world_.sm_count(r)});
+  });
+}
+
+void MoeGemmRs::run_compute_only(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                                 const std::vector<const float*>& weights, const std::vector<const void*>& w2) {
+  rt_->require_eager("run_compute_only");
+  TL_REQUIRE(world_.size() > 1, "moe_gemm_rs: run_compute_only needs a world of more than one rank");
+  rt_->begin(1);
+  rt_->each_on_gemm_stream([&](int r) { enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], true, rt_->gemm_stream(r)); });
+}
+
+void MoeGemmRs::run_comm_only(const std::vector<void*>& c) {
+  // NOTE: reuses the current epoch, whose tile_done signals the last compute run set everywhere;
+  // its band counter is zeroed first (the last call with this epoch claimed every band).
+  rt_->require_eager("run_comm_only");
+  rt_->require_started("run_comm_only", "a compute run");
+  TL_REQUIRE(world_.size() > 1, "moe_gemm_rs: run_comm_only needs a world of more than one rank");
+  for (int r : world_.local_ranks()) {
+    world_.bind(r);
+    TL_CUDA_CHECK(cudaMemsetAsync(rt_->view(r).local(plans_[r].rs.f.claims), 0, sizeof(uint64_t), world_.stream(r)));
+    launch_reduce_scatter(world_, plans_[r].rs, rt_->view(r), c[r], rt_->epoch(r),
+                          CommLaunch{CopyMethod::kVector, reduce_sms(r)});
+  }
+}
+
+PathChoice MoeGemmRs::choose(OpPath requested) const { return moe_choice(world_, requested); }
+
+void MoeGemmRs::run_auto(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                         const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                         const std::vector<void*>& c, OpPath requested) {
+  detail::run_chosen(*this, requested, h1, ids, weights, w2, c);
+}
+
+// ---- the whole layer --------------------------------------------------------------------------
+
+namespace {
+
+std::vector<int64_t> doubled(const std::vector<int64_t>& f) {
+  std::vector<int64_t> d(f);
+  for (auto& v : d) v *= 2;
+  return d;
+}
+
+}  // namespace
+
+MoeMlp::MoeMlp(World& world, const RowPartition& tokens, int64_t hidden, const std::vector<int64_t>& ffn_per_rank,
+               int experts, int topk, DType dtype)
+    : world_(world),
+      layer0_(world, tokens, hidden, doubled(ffn_per_rank), experts, topk, dtype),
+      layer1_(world, tokens, hidden, ffn_per_rank, experts, topk, dtype) {
+  gate_up_.assign(world.size(), nullptr);
+  act_.assign(world.size(), nullptr);
+  const int64_t rows = tokens.total() * topk, eb = dtype_size(dtype);
+  for (int r : world.local_ranks()) {
+    world.bind(r);
+    TL_CUDA_CHECK(cudaMalloc(&gate_up_[r], rows * 2 * ffn_per_rank[r] * eb));
+    TL_CUDA_CHECK(cudaMalloc(&act_[r], rows * ffn_per_rank[r] * eb));
+  }
+}
+
+MoeMlp::~MoeMlp() {
+  // NOTE: not checked: a destructor must not throw, and a sticky error has been reported already.
+  for (void* p : gate_up_)
+    if (p != nullptr) (void)cudaFree(p);
+  for (void* p : act_)
+    if (p != nullptr) (void)cudaFree(p);
+}
+
+void MoeMlp::call(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                  const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                  const std::vector<const void*>& w2, const std::vector<void*>& out, bool fused) {
+  const int W = world_.size();
+  TL_REQUIRE(static_cast<int>(w2.size()) == W && static_cast<int>(out.size()) == W,
+             "moe_mlp: pass one W2 and one out entry per rank (" << W << ")");
+  for (int r : world_.local_ranks())
+    TL_REQUIRE(w2[r] != nullptr && (out[r] != nullptr || layer1_.plan(r).rs.rows.size(r) == 0),
+               "moe_mlp: null tensor on rank " << r << " (W2 or out)");
+  std::vector<void*> gate_up(gate_up_);
+  std::vector<const void*> act(act_.begin(), act_.end());
+  std::vector<const int32_t*> ids1(W, nullptr);
+  std::vector<const float*> weights1(W, nullptr);
+  for (int r : world_.local_ranks()) ids1[r] = layer0_.gathered_ids(r), weights1[r] = layer0_.gathered_weights(r);
+  if (fused) layer0_.run(x, ids, weights, w1, gate_up);
+  else layer0_.run_unfused(x, ids, weights, w1, gate_up);
+  for (int r : world_.local_ranks()) {  // on the rank's stream, where layer 0's call ended
+    world_.bind(r);
+    layer0_.layer(r).activate_cols(gate_up_[r], act_[r], layer1_.plan(r).ffn, world_.stream(r));
+  }
+  if (fused) layer1_.run(act, ids1, weights1, w2, out);
+  else layer1_.run_unfused(act, ids1, weights1, w2, out);
+}
+
+void MoeMlp::run(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                 const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                 const std::vector<const void*>& w2, const std::vector<void*>& out) {
+  call(x, ids, weights, w1, w2, out, true);
+}
+
+void MoeMlp::run_unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                         const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                         const std::vector<const void*>& w2, const std::vector<void*>& out) {
+  call(x, ids, weights, w1, w2, out, false);
+}
+
+PathChoice MoeMlp::choose(OpPath requested) const { return moe_choice(world_, requested); }
+
+void MoeMlp::run_auto(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                      const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                      const std::vector<const void*>& w2, const std::vector<void*>& out, OpPath requested) {
+  detail::run_chosen(*this, requested, x, ids, weights, w1, w2, out);
+}
+
+}  // namespace tilelink::cuda
