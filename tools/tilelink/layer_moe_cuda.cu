@@ -66,9 +66,9 @@ double run_moe_on_gpu(const MoeGpuCall& c, bool fused, const std::vector<std::by
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (int r = 0; r < W; ++r) {
     world.bind(r);
-    const cuda::MoeLayer& layer = l0 ? l0->layer(r) : mlp ? mlp->layer0().layer(r) : l1->layer(r);
+    const cuda::MoeLayer* layer = l0 ? &l0->layer(r) : mlp ? &mlp->layer0().layer(r) : &l1->layer(r);
     int64_t status = 0;
-    TL_CUDA_CHECK(cudaMemcpy(&status, layer.status(), sizeof(status), cudaMemcpyDeviceToHost));
+    TL_CUDA_CHECK(cudaMemcpy(&status, layer->status(), sizeof(status), cudaMemcpyDeviceToHost));
     TL_REQUIRE(status == 0, "moe (cuda): rank " << r << "'s routing found a bad expert id at pair " << status - 1);
     if (out_bytes[r] > 0) TL_CUDA_CHECK(cudaMemcpy(out[r], d_out[r], out_bytes[r], cudaMemcpyDeviceToHost));
   }

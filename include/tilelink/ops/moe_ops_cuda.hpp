@@ -151,6 +151,8 @@ class MoeGemmRs {
                         const std::vector<const float*>& weights, const std::vector<const void*>& w2);
   void run_comm_only(const std::vector<void*>& c);
 
+  // Rank r's routing tables of the last call (MoeLayer::offsets()...).
+  const MoeLayer& layer(int rank) const { return *layers_.at(rank); }
   // The SMs of rank r's ReduceScatter in a fused call, and its grouped GEMM's (the rest).
   int reduce_sms(int rank) const;
   int gemm_sms(int rank) const;
