@@ -11,16 +11,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:?usage: bench/attention_sweep.sh BIN_DIR [quick]}
 QUICK=${2:-}
 LOG=${OUT:-out/attention}
-mkdir -p "$LOG"
-libdirs=$(find /opt /usr /root /home -name 'libcublas.so.13' -o -name 'libnccl.so.2' 2>/dev/null |
-          xargs -r -n1 dirname | sort -u | paste -sd: -)
-py_ld=${LD_LIBRARY_PATH:-}
-export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-step() {  # name, seconds, command...
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" >"$LOG/$name.txt" 2>&1
-  echo "$name rc=$?"
-}
+. bench/sweep_common.sh
 step test_attention 90 "$BIN/gpu_test_attention"
 step test_sp_attn 300 "$BIN/gpu_test_sp_attn"
 if [ -z "$QUICK" ]; then

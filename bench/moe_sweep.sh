@@ -11,15 +11,7 @@ cd "$(dirname "$0")/.."
 BIN=${1:?usage: bench/moe_sweep.sh BIN_DIR [quick]}
 QUICK=${2:-}
 LOG=${OUT:-out/moe}
-mkdir -p "$LOG"
-libdirs=$(find /opt /usr /root /home -name 'libcublas.so.13' -o -name 'libnccl.so.2' 2>/dev/null |
-          xargs -r -n1 dirname | sort -u | paste -sd: -)
-export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-step() {  # name, seconds, command...
-  local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" >"$LOG/$name.txt" 2>&1
-  echo "$name rc=$?"
-}
+. bench/sweep_common.sh
 step test_moe_ops 300 "$BIN/gpu_test_moe_ops"
 step test_moe_cuda 120 "$BIN/gpu_test_moe_cuda"
 for op in moe_ag_gemm moe_gemm_rs moe_mlp; do

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "../support/gpu.hpp"
 #include "../support/moe_routing.hpp"
 #include "../support/random.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -29,21 +30,7 @@ using Bytes = std::vector<std::byte>;
 
 namespace {
 
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t n) : bytes(n) { TL_CUDA_CHECK(cudaMalloc(&p, n ? n : 1)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void put(const void* h, size_t n) { TL_CUDA_CHECK(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice)); }
-  void poison() { TL_CUDA_CHECK(cudaMemset(p, 0xFF, bytes)); }
-  Bytes host() const {
-    Bytes h(bytes);
-    TL_CUDA_CHECK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using Dev = test::DeviceBuffer;
 using DevPtr = std::unique_ptr<Dev>;
 
 DevPtr upload(const void* h, size_t n) {

@@ -58,6 +58,9 @@ struct DeviceBuffer {
     get(h.data(), count * sizeof(T));
     return h;
   }
+  // Every byte 0xFF (NaN in bf16 and fp16): what a run leaves unwritten shows.
+  void poison() { TL_CUDA_CHECK(cudaMemset(p, 0xFF, bytes)); }
+  std::vector<std::byte> host() const { return get<std::byte>(bytes); }
 };
 
 }  // namespace tilelink::test
