@@ -33,7 +33,7 @@ expect_run(0 "check passed" run moe_mlp --world 1 --tokens 17 --hidden 16 --ffn 
 expect_run(1 "unknown routing 'zipf'" run moe_mlp --routing zipf)
 expect_run(1 "--topk must be at most --experts (4)" run moe_ag_gemm --experts 4 --topk 5)
 expect_run(1 "--m-split adds up to 5, --tokens is 6" run moe_gemm_rs --world 2 --tokens 6 --m-split 2,3)
-expect_run(1 "moe_mlp cannot run on --backend cuda" run moe_mlp --backend cuda --world 2)
+expect_run(1 "each rank's F in multiples of 8" run moe_mlp --backend cuda --world 3 --ffn 100)
 expect_run(1 "ring_attn cannot run on --backend cuda" run ring_attn --backend cuda)
 expect_run(1 "sp_attn cannot run on --backend cuda" run sp_attn --backend cuda --dtype fp32)
 expect_run(1 "unknown option --bogus" run moe_mlp --bogus 1)
