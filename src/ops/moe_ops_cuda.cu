@@ -122,8 +122,9 @@ MoeAgGemm::MoeAgGemm(World& world, const RowPartition& tokens, int64_t hidden,
   config.comm_tile_rows = static_cast<int>(std::max<int64_t>(1, tokens.max_size()));
   for (int r = 0; r < world.size(); ++r)
     plans_.push_back(MoeAgGemmPlan::make(r, tokens, hidden, ffn_per_rank[r], experts, topk, dtype, config));
-  TL_REQUIRE(plans_[0].x.tiles.num_tiles() <= 32, "moe_ag_gemm: internal: " << plans_[0].x.tiles.num_tiles()
-                                                                            << " comm tiles, at most 32");
+  TL_REQUIRE(plans_[0].x.tiles.num_tiles() <= kMoeMaxWorld, "moe_ag_gemm: internal: " << plans_[0].x.tiles.num_tiles()
+                                                                                      << " comm tiles, at most "
+                                                                                      << kMoeMaxWorld);
   rt_ = std::make_unique<detail::FusedRuntime>(
       world, "moe_ag_gemm", moe_agreement("moe_ag_gemm", tokens, hidden, ffn_per_rank, experts, topk, dtype),
       plans_[0].ws_bytes);
@@ -178,22 +179,30 @@ void MoeAgGemm::enqueue_grouped(int r, const void* w1, void* out, bool hooked, c
   launch_grouped(g, hooks, stream);
 }
 
+void MoeAgGemm::world1(const void* x, const int32_t* ids, const float* weights, const void* w1, void* out,
+                       MoePath path) {
+  // nothing to gather: the layer alone on the caller's tensors
+  rt_->world1([&](int r) {
+    MoeLayer& layer = *layers_[r];
+    const MoeAgGemmPlan& p = plans_[r];
+    const cudaStream_t stream = rt_->gemm_stream(r);
+    layer.set_gemm_sms(0);
+    layer.route(ids, stream);
+    layer.layer0(x, w1, p.ffn, out, path, stream);
+    // what gathered_ids() and gathered_weights() give layer 1
+    TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids, p.rows() * sizeof(int32_t),
+                                  cudaMemcpyDeviceToDevice, stream));
+    TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights, p.rows() * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream));
+  });
+}
+
 void MoeAgGemm::run(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                     const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                     const std::vector<void*>& out) {
   check_args(x, ids, weights, w1, out);
-  if (world_.size() == 1)  // nothing to gather: the layer alone, X's rows read by index
-    return rt_->world1([&](int r) {
-      MoeLayer& layer = *layers_[r];
-      layer.set_gemm_sms(0);
-      layer.route(ids[r], rt_->gemm_stream(r));
-      layer.layer0(x[r], w1[r], plans_[r].ffn, out[r], MoePath::kFused, rt_->gemm_stream(r));
-      const MoeAgGemmPlan& p = plans_[r];  // gathered_ids()/gathered_weights() for layer 1
-      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids[r], p.rows() * sizeof(int32_t),
-                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
-      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights[r], p.rows() * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
-    });
+  if (world_.size() == 1)  // X's rows read by index
+    return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kFused);
   rt_->begin(1);
   rt_->fused_call(
       LaunchOrder::kComputeFirst, detail::NoStep{}, [&](int r) { enqueue_compute(r, w1[r], out[r]); },
@@ -246,17 +255,7 @@ void MoeAgGemm::run_unfused(const std::vector<const void*>& x, const std::vector
                             const std::vector<void*>& out) {
   check_args(x, ids, weights, w1, out);
   if (world_.size() == 1)
-    return rt_->world1([&](int r) {
-      MoeLayer& layer = *layers_[r];
-      layer.set_gemm_sms(0);
-      layer.route(ids[r], rt_->gemm_stream(r));
-      layer.layer0(x[r], w1[r], plans_[r].ffn, out[r], MoePath::kUnfused, rt_->gemm_stream(r));
-      const MoeAgGemmPlan& p = plans_[r];
-      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids[r], p.rows() * sizeof(int32_t),
-                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
-      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights[r], p.rows() * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
-    });
+    return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kUnfused);
   auto compute = [&](int r, cudaStream_t stream) {  // the routing, the gather, the GEMM
     world_.bind(r);
     MoeLayer& layer = *layers_[r];

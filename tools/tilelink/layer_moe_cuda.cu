@@ -4,10 +4,10 @@
 // output copied back, timed on the host clock to the world's sync.
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <memory>
 #include <vector>
 
+#include "bench_world.hpp"
 #include "device_buffer.hpp"
 #include "layer_ops.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -58,12 +58,11 @@ double run_moe_on_gpu(const MoeGpuCall& c, bool fused, const std::vector<std::by
   if (c.op == 1) l1 = std::make_unique<cuda::MoeGemmRs>(world, c.tokens, h, c.ffn, c.experts, c.topk, c.dtype);
   if (c.op == 2) mlp = std::make_unique<cuda::MoeMlp>(world, c.tokens, h, c.ffn, c.experts, c.topk, c.dtype);
   world.sync("inputs");
-  const auto t0 = std::chrono::steady_clock::now();
-  if (l0) fused ? l0->run(x, ids, weights, w1, d_out) : l0->run_unfused(x, ids, weights, w1, d_out);
-  if (l1) fused ? l1->run(h1, all_ids, all_weights, w2, d_out) : l1->run_unfused(h1, all_ids, all_weights, w2, d_out);
-  if (mlp) fused ? mlp->run(x, ids, weights, w1, w2, d_out) : mlp->run_unfused(x, ids, weights, w1, w2, d_out);
-  world.sync(c.op == 0 ? "moe_ag_gemm" : c.op == 1 ? "moe_gemm_rs" : "moe_mlp");
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms = timed_ms(world, c.op == 0 ? "moe_ag_gemm" : c.op == 1 ? "moe_gemm_rs" : "moe_mlp", [&] {
+    if (l0) fused ? l0->run(x, ids, weights, w1, d_out) : l0->run_unfused(x, ids, weights, w1, d_out);
+    if (l1) fused ? l1->run(h1, all_ids, all_weights, w2, d_out) : l1->run_unfused(h1, all_ids, all_weights, w2, d_out);
+    if (mlp) fused ? mlp->run(x, ids, weights, w1, w2, d_out) : mlp->run_unfused(x, ids, weights, w1, w2, d_out);
+  });
   for (int r = 0; r < W; ++r) {
     world.bind(r);
     const cuda::MoeLayer* layer = l0 ? &l0->layer(r) : mlp ? &mlp->layer0().layer(r) : &l1->layer(r);

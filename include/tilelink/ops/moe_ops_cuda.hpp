@@ -111,6 +111,8 @@ class MoeAgGemm {
                   const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                   const std::vector<void*>& out) const;
   void enqueue_grouped(int r, const void* w1, void* out, bool hooked, cudaStream_t stream);
+  // World 1: cuda::MoeLayer alone on `path`, the routing kept for gathered_ids()/gathered_weights().
+  void world1(const void* x, const int32_t* ids, const float* weights, const void* w1, void* out, MoePath path);
   // The fused call's programs on rank r: the AllGathers (rank's stream), the routing and the
   // grouped GEMM (the GEMM stream).
   void enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights);
