@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "op_registry.hpp"
+#include "tilelink/core/partition.hpp"
 #include "tilelink/ops/attention_plan.hpp"
 #include "tilelink/runtime/bootstrap.hpp"
 
@@ -34,6 +35,40 @@ inline std::string attn_key(bool ring, const SpAttnShape& s, const SeqSharding& 
   return key;
 }
 
+// A MoE layer call (moe_ag_gemm, moe_gemm_rs or moe_mlp), checked by module.cpp. The operands by
+// rank, as the C++ ops take them (ops/moe_ops_cuda.hpp): `a` is X_r (layers 0 and the MLP) or H1_r
+// (layer 1); w1 is null for layer 1, w2 for layer 0.
+enum class MoeOp { kAgGemm, kGemmRs, kMlp };
+struct MoeCall {
+  MoeOp op = MoeOp::kMlp;
+  RowPartition tokens;
+  int64_t hidden = 0;
+  std::vector<int64_t> ffn;  // F_r by rank
+  int experts = 0, topk = 0;
+  DType dtype = DType::kBF16;
+  OpPath path = OpPath::kAuto;
+};
+struct MoeOperands {
+  std::vector<const void*> a, w1, w2;
+  std::vector<const int32_t*> ids;
+  std::vector<const float*> weights;
+  std::vector<void*> out;
+};
+
+inline const char* moe_op_name(MoeOp op) {
+  return op == MoeOp::kAgGemm ? "moe_ag_gemm" : op == MoeOp::kGemmRs ? "moe_gemm_rs" : "moe_mlp";
+}
+
+// The made-op cache's key of a MoE problem.
+inline std::string moe_key(const MoeCall& c) {
+  std::string key = std::string(moe_op_name(c.op)) + " " + std::string(dtype_name(c.dtype)) + " H" +
+                    std::to_string(c.hidden) + " E" + std::to_string(c.experts) + " k" + std::to_string(c.topk) + " M";
+  for (int r = 0; r < c.tokens.world_size; ++r) key += " " + std::to_string(c.tokens.size(r));
+  key += " F";
+  for (int64_t f : c.ffn) key += " " + std::to_string(f);
+  return key;
+}
+
 class CudaBackend {
  public:
   virtual ~CudaBackend() = default;
@@ -50,6 +85,8 @@ class CudaBackend {
   virtual PathChoice attention(const AttnCall& call, const std::vector<const void*>& q,
                                const std::vector<const void*>& k, const std::vector<const void*>& v,
                                const std::vector<void*>& o, const std::vector<float*>& lse, uintptr_t stream) = 0;
+  // The MoE layer of `call` (made once, then reused) on every rank, ordered as run().
+  virtual PathChoice moe(const MoeCall& call, const MoeOperands& x, uintptr_t stream) = 0;
   // Waits for every rank's work (of this process); a wait on the device that ran out of time becomes TimeoutError
   // naming the op, rank, signal and tile (World::sync).
   virtual void sync() = 0;

@@ -20,6 +20,7 @@
 #include "tilelink/backend/cuda/driver.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/attention_cuda.hpp"
+#include "tilelink/ops/moe_ops_cuda.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::python {
@@ -73,6 +74,7 @@ class CudaWorld final : public CudaBackend {
     ContextGuard keep;
     ops_.clear();
     attn_.clear();
+    moe_.clear();
     for (int r : world_->local_ranks()) {
       world_->bind(r);
       cudaEventDestroy(done_[r]);
@@ -106,6 +108,22 @@ class CudaWorld final : public CudaBackend {
       const bool unfused = choice.path == OpPath::kUnfused;
       if (op.sp) unfused ? op.sp->run_unfused(q, k, v, o, lse) : op.sp->run(q, k, v, o, lse);
       else unfused ? op.ring->run_unfused(q, k, v, o, lse) : op.ring->run(q, k, v, o, lse);
+    });
+    return choice;
+  }
+
+  PathChoice moe(const MoeCall& call, const MoeOperands& x, uintptr_t stream) override {
+    ContextGuard keep;
+    MadeMoe& op = made_moe(call);
+    const PathChoice choice = op.ag ? op.ag->choose(call.path) : op.rs ? op.rs->choose(call.path) : op.mlp->choose(call.path);
+    in_caller_order(stream, [&] {
+      const bool unfused = choice.path == OpPath::kUnfused;
+      if (op.ag) unfused ? op.ag->run_unfused(x.a, x.ids, x.weights, x.w1, x.out)
+                         : op.ag->run(x.a, x.ids, x.weights, x.w1, x.out);
+      else if (op.rs) unfused ? op.rs->run_unfused(x.a, x.ids, x.weights, x.w2, x.out)
+                              : op.rs->run(x.a, x.ids, x.weights, x.w2, x.out);
+      else unfused ? op.mlp->run_unfused(x.a, x.ids, x.weights, x.w1, x.w2, x.out)
+                   : op.mlp->run(x.a, x.ids, x.weights, x.w1, x.w2, x.out);
     });
     return choice;
   }
@@ -164,6 +182,28 @@ class CudaWorld final : public CudaBackend {
     return attn_.emplace(key, std::move(made)).first->second;
   }
 
+  struct MadeMoe {
+    std::unique_ptr<tlc::MoeAgGemm> ag;
+    std::unique_ptr<tlc::MoeGemmRs> rs;
+    std::unique_ptr<tlc::MoeMlp> mlp;
+  };
+  MadeMoe& made_moe(const MoeCall& c) {
+    const std::string key = moe_key(c);
+    auto it = moe_.find(key);
+    if (it != moe_.end()) return it->second;
+    if (moe_.size() >= kMaxMadeOps) {
+      TL_CUDA_CHECK(cudaDeviceSynchronize());  // the made ops' workspaces may still be in use
+      moe_.clear();
+    }
+    MadeMoe made;
+    if (c.op == MoeOp::kAgGemm)
+      made.ag = std::make_unique<tlc::MoeAgGemm>(*world_, c.tokens, c.hidden, c.ffn, c.experts, c.topk, c.dtype);
+    else if (c.op == MoeOp::kGemmRs)
+      made.rs = std::make_unique<tlc::MoeGemmRs>(*world_, c.tokens, c.hidden, c.ffn, c.experts, c.topk, c.dtype);
+    else made.mlp = std::make_unique<tlc::MoeMlp>(*world_, c.tokens, c.hidden, c.ffn, c.experts, c.topk, c.dtype);
+    return moe_.emplace(key, std::move(made)).first->second;
+  }
+
   cli::CudaOpRun& made(const cli::OpSpec& spec, const cli::OpProblem& p) {
     TL_REQUIRE(spec.make_cuda, "op " << spec.name << " has no CUDA backend");
     TL_REQUIRE(p.dtype == DType::kBF16, "op " << spec.name << ": the CUDA backend's ops take bfloat16");
@@ -185,6 +225,7 @@ class CudaWorld final : public CudaBackend {
   std::vector<cudaEvent_t> done_;
   std::map<std::string, std::unique_ptr<cli::CudaOpRun>> ops_;
   std::map<std::string, MadeAttn> attn_;
+  std::map<std::string, MadeMoe> moe_;
 };
 
 }  // namespace

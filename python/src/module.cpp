@@ -24,6 +24,7 @@
 #include "backend.hpp"
 #include "problem.hpp"
 #include "tilelink/backend/cpu/attention_ops.hpp"
+#include "tilelink/backend/cpu/moe_ops.hpp"
 #include "tilelink/backend/cpu/world.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/core/hash.hpp"
@@ -89,6 +90,7 @@ struct Operand {
   int64_t shape[kMaxDims] = {}, stride[kMaxDims] = {};  // the first kMaxDims; strides in elements
   bool known_dtype = false;
   DType dtype = DType::kF32;
+  bool int32 = false;      // an int32 array (routing ids); known_dtype is then false
   std::string dtype_text;  // for messages when !known_dtype
   int device_type = nb::device::cpu::value, device_id = 0;
   int64_t elems = 0;
@@ -113,6 +115,7 @@ Operand operand_of_array(const T& x) {
     o.shape[i] = static_cast<int64_t>(x.shape(i)), o.stride[i] = x.stride(i);
   o.known_dtype = dtype_of(x.dtype(), &o.dtype);
   if (!o.known_dtype) o.dtype_text = dtype_text(x.dtype());
+  o.int32 = o.dtype_text == "int32";
   o.device_type = x.device_type();
   o.device_id = x.device_id();
   o.elems = static_cast<int64_t>(x.size());
@@ -211,13 +214,18 @@ cli::Extent2 check_operand(const Operand& x, const std::string& what, int device
 
 // Checks an attention tensor: `ndim` dimensions, row-major dense, on the world's device, of `dtype`;
 // returns its extents.
+// With `int32`, the tensor must be int32 instead (dtype is then not looked at).
 std::vector<int64_t> check_tensor(const Operand& x, const std::string& what, int ndim, int device_type, int device_id,
-                                  DType dtype, const std::string& dtype_from) {
+                                  DType dtype, const std::string& dtype_from, bool int32 = false) {
   if (x.device_type != device_type || (device_type == nb::device::cuda::value && x.device_id != device_id))
     throw nb::type_error((what + " is on " + device_text(x.device_type) + "; this world's operands must be on " +
                           device_text(device_type))
                              .c_str());
-  if (!x.known_dtype || x.dtype != dtype)
+  if (int32 && !x.int32)
+    throw nb::type_error((what + " has dtype " + (x.known_dtype ? std::string(dtype_name(x.dtype)) : x.dtype_text) +
+                          "; routing ids are int32")
+                             .c_str());
+  if (!int32 && (!x.known_dtype || x.dtype != dtype))
     throw nb::type_error((what + " has dtype " + (x.known_dtype ? std::string(dtype_name(x.dtype)) : x.dtype_text) +
                           ", " + dtype_from + " " + std::string(dtype_name(dtype)))
                              .c_str());
@@ -517,6 +525,169 @@ class World {
     return fused ? 1 : 2;
   }
 
+  // A MoE layer (op "moe_ag_gemm", "moe_gemm_rs" or "moe_mlp") on every rank of this process, the
+  // operands as cpu::MoeAgGemm, MoeGemmRs and MoeMlp take them (backend/cpu/moe_ops.hpp):
+  //   moe_ag_gemm  a = X_r [M_r, H], ids / weights [M_r, topk], w1 [E, F_r, H], out [M * topk, F_r]
+  //   moe_gemm_rs  a = H1_r [M * topk, F_r], ids / weights [M, topk] (every token's), w2 [E, H, F_r],
+  //                out [M_r, H] (its rows give the token split)
+  //   moe_mlp      a = X_r [M_r, H], ids / weights [M_r, topk], w1 [E, 2 F_r, H], w2 [E, H, F_r],
+  //                out [M_r, H]
+  // ids int32, weights float32; w1 None for layer 1, w2 None for layer 0. Returns the path (1 fused,
+  // 2 unfused).
+  int moe(const std::string& op, nb::handle a_seq, nb::handle ids_seq, nb::handle weights_seq, nb::handle w1_seq,
+          nb::handle w2_seq, nb::handle out_seq, const std::string& path, uintptr_t stream) {
+    require_open();
+    MoeCall call;
+    if (op == "moe_ag_gemm") call.op = MoeOp::kAgGemm;
+    else if (op == "moe_gemm_rs") call.op = MoeOp::kGemmRs;
+    else if (op == "moe_mlp") call.op = MoeOp::kMlp;
+    else throw nb::value_error(("the MoE ops are 'moe_ag_gemm', 'moe_gemm_rs' and 'moe_mlp', got '" + op + "'").c_str());
+    if (process_)
+      throw Error(op + ": the MoE ops run on worlds of one process (tilelink.virtual), not over processes yet");
+    const int W = local_;
+    const bool layer1 = call.op == MoeOp::kGemmRs;
+    const bool has_w1 = call.op != MoeOp::kGemmRs, has_w2 = call.op != MoeOp::kAgGemm;
+    const char* a_name = layer1 ? "h1" : "x";
+    const std::vector<Operand> a = operands_of(a_seq, a_name, W, false, false, true);
+    const std::vector<Operand> ids = operands_of(ids_seq, "topk_ids", W, false, false, true);
+    const std::vector<Operand> wts = operands_of(weights_seq, "topk_weights", W, false, false, true);
+    const std::vector<Operand> w1 = has_w1 ? operands_of(w1_seq, "w1", W, false, false, true) : std::vector<Operand>{};
+    const std::vector<Operand> w2 = has_w2 ? operands_of(w2_seq, "w2", W, false, false, true) : std::vector<Operand>{};
+    const std::vector<Operand> o = operands_of(out_seq, "out", W, true, false, true);
+    const std::string first = at(a_name, 0);
+    if (!a[0].known_dtype)
+      throw nb::type_error((first + " has dtype " + a[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
+    call.dtype = a[0].dtype;
+    if (cuda_ && call.dtype == DType::kF32)
+      throw nb::type_error((op + " on the CUDA backend takes bfloat16 or float16; " + first + " is float32").c_str());
+    if (!parse_op_path(path, &call.path))
+      throw nb::value_error(("path must be 'auto', 'fused' or 'unfused', got '" + path + "'").c_str());
+    const std::string has = first + " has";
+    auto tensor = [&](const Operand& x, const std::string& what, int ndim, DType dtype, bool int32 = false,
+                      const char* from = nullptr) {
+      return check_tensor(x, what, ndim, device_type(), device_, dtype, from ? std::string(from) : has, int32);
+    };
+    auto shape_text = [](const std::vector<int64_t>& e) {
+      std::string t = "[";
+      for (size_t i = 0; i < e.size(); ++i) t += (i ? ", " : "") + std::to_string(e[i]);
+      return t + "]";
+    };
+    auto expect = [&](const std::vector<int64_t>& got, const std::vector<int64_t>& want, const std::string& what,
+                      const std::string& why) {
+      if (got != want)
+        throw nb::value_error((what + " is " + shape_text(got) + ", not " + shape_text(want) + " (" + why + ")").c_str());
+    };
+    // The problem's extents from rank 0's operands, then every rank checked against them.
+    const std::vector<int64_t> a0 = tensor(a[0], first, 2, call.dtype);
+    const std::vector<int64_t> ids0 = tensor(ids[0], "topk_ids[0]", 2, call.dtype, true);
+    call.topk = static_cast<int>(ids0[1]);
+    if (call.topk < 1) throw nb::value_error("topk_ids[0] has no column: topk must be at least 1");
+    const std::vector<int64_t> wlead = has_w1 ? tensor(w1[0], "w1[0]", 3, call.dtype) : tensor(w2[0], "w2[0]", 3, call.dtype);
+    call.experts = static_cast<int>(wlead[0]);
+    if (call.experts < 1) throw nb::value_error(has_w1 ? "w1[0] holds no expert" : "w2[0] holds no expert");
+    call.hidden = layer1 ? wlead[1] : a0[1];
+    std::vector<int64_t> rows(W);
+    int64_t tokens = layer1 ? ids0[0] : 0;
+    call.ffn.assign(W, 0);
+    MoeOperands ptr;
+    for (int r = 0; r < W; ++r) {
+      const std::vector<int64_t> ea = tensor(a[r], at(a_name, r), 2, call.dtype);
+      const std::vector<int64_t> ei = tensor(ids[r], at("topk_ids", r), 2, call.dtype, true);
+      const std::vector<int64_t> ew =
+          tensor(wts[r], at("topk_weights", r), 2, DType::kF32, false, "topk_weights must be");
+      const std::vector<int64_t> eo = tensor(o[r], at("out", r), 2, call.dtype);
+      const int64_t routed = layer1 ? tokens : ea[0];  // the rows of ids and weights
+      if (!layer1) rows[r] = ea[0], tokens += ea[0];
+      else rows[r] = eo[0];
+      expect(ei, {routed, call.topk}, at("topk_ids", r),
+             layer1 ? "every token's routing on every rank, as topk_ids[0]" : std::string(a_name) + "[r]'s tokens by topk_ids[0]'s topk");
+      expect(ew, {routed, call.topk}, at("topk_weights", r), "as topk_ids[r]");
+      if (has_w1) {
+        const std::vector<int64_t> e1 = tensor(w1[r], at("w1", r), 3, call.dtype);
+        const int64_t f2 = call.op == MoeOp::kMlp ? 2 : 1;
+        if (e1[0] != call.experts || e1[2] != call.hidden || e1[1] % f2 != 0)
+          throw nb::value_error((at("w1", r) + " is " + shape_text(e1) + "; it must be [" + std::to_string(call.experts) +
+                                 (f2 == 2 ? ", 2 F_r, " : ", F_r, ") + std::to_string(call.hidden) + "]")
+                                    .c_str());
+        call.ffn[r] = e1[1] / f2;
+      }
+      if (has_w2) {
+        const std::vector<int64_t> e2 = tensor(w2[r], at("w2", r), 3, call.dtype);
+        if (!has_w1) call.ffn[r] = e2[2];
+        expect(e2, {call.experts, call.hidden, call.ffn[r]}, at("w2", r),
+               has_w1 ? "experts and H of x, F_r of w1[r]" : "experts and H of w2[0], F_r its last extent");
+      }
+      if (call.ffn[r] < 1) throw nb::value_error((op + ": rank " + std::to_string(r) + " holds F_r = 0 columns").c_str());
+      if (layer1) expect(ea, {tokens * call.topk, call.ffn[r]}, at(a_name, r), "M * topk grouped rows, F_r of w2[r]");
+      ptr.a.push_back(a[r].data);
+      ptr.ids.push_back(static_cast<const int32_t*>(ids[r].data));
+      ptr.weights.push_back(static_cast<const float*>(wts[r].data));
+      ptr.w1.push_back(has_w1 ? w1[r].data : nullptr);
+      ptr.w2.push_back(has_w2 ? w2[r].data : nullptr);
+      ptr.out.push_back(const_cast<void*>(o[r].data));
+    }
+    for (int r = 0; r < W; ++r) {
+      const std::vector<int64_t> eo = tensor(o[r], at("out", r), 2, call.dtype);
+      if (call.op == MoeOp::kAgGemm) expect(eo, {tokens * call.topk, call.ffn[r]}, at("out", r), "M * topk grouped rows, F_r");
+      else if (call.op == MoeOp::kMlp) expect(eo, {rows[r], call.hidden}, at("out", r), "x[r]'s tokens, H");
+      else if (eo[1] != call.hidden)
+        throw nb::value_error((at("out", r) + " is " + shape_text(eo) + "; it must be [M_r, " + std::to_string(call.hidden) + "]").c_str());
+    }
+    if (layer1) {
+      int64_t split = 0;
+      for (int64_t n : rows) split += n;
+      if (split != tokens)
+        throw nb::value_error((op + ": the out[r] hold " + std::to_string(split) + " rows in all, topk_ids[0] routes " +
+                               std::to_string(tokens) + " tokens")
+                                  .c_str());
+    }
+    if (tokens < 1) throw nb::value_error((op + ": the ranks hold no token").c_str());
+    if (call.topk > call.experts)
+      throw nb::value_error((op + ": topk = " + std::to_string(call.topk) + " is more than the " +
+                             std::to_string(call.experts) + " experts").c_str());
+    if (cuda_) {  // the CUDA layers' limits (ops/moe_ops_cuda.hpp), refused here by name
+      if (W > 32) throw nb::value_error((op + ": at most 32 ranks on the CUDA backend").c_str());
+      if (call.hidden % 8 != 0)
+        throw nb::value_error((op + ": H = " + std::to_string(call.hidden) + " must be a multiple of 8 on the CUDA backend").c_str());
+      for (int r = 0; r < W; ++r)
+        if (call.ffn[r] % 8 != 0)
+          throw nb::value_error((op + ": F_" + std::to_string(r) + " = " + std::to_string(call.ffn[r]) +
+                                 " must be a multiple of 8 on the CUDA backend").c_str());
+    }
+    const int eb = dtype_size(call.dtype);
+    std::vector<OperandList> inputs{{a_name, &a, eb}, {"topk_ids", &ids, 4}, {"topk_weights", &wts, 4}};
+    if (has_w1) inputs.push_back({"w1", &w1, eb});
+    if (has_w2) inputs.push_back({"w2", &w2, eb});
+    check_no_overlap(inputs, {{"out", &o, eb}}, true);
+    call.tokens = RowPartition::from_counts(rows);
+    if (cuda_) {
+      PathChoice choice;
+      {
+        nb::gil_scoped_release unlocked;
+        choice = cuda_->moe(call, ptr, stream);
+      }
+      last_why_ = std::move(choice.why);
+      return choice.path == OpPath::kUnfused ? 2 : 1;
+    }
+    CpuMoe& made = cpu_moe(call);
+    const bool fused = call.path != OpPath::kUnfused;
+    {
+      nb::gil_scoped_release unlocked;
+      cpu_->run([&](cpu::RankContext& ctx) {
+        const int r = ctx.rank;
+        const MoeOperands& x = ptr;
+        if (made.ag) fused ? made.ag->run(ctx, x.a[r], x.ids[r], x.weights[r], x.w1[r], x.out[r])
+                           : made.ag->run_unfused(ctx, x.a[r], x.ids[r], x.weights[r], x.w1[r], x.out[r]);
+        else if (made.rs) fused ? made.rs->run(ctx, x.a[r], x.ids[r], x.weights[r], x.w2[r], x.out[r])
+                                : made.rs->run_unfused(ctx, x.a[r], x.ids[r], x.weights[r], x.w2[r], x.out[r]);
+        else fused ? made.mlp->run(ctx, x.a[r], x.ids[r], x.weights[r], x.w1[r], x.w2[r], x.out[r])
+                   : made.mlp->run_unfused(ctx, x.a[r], x.ids[r], x.weights[r], x.w1[r], x.w2[r], x.out[r]);
+      });
+    }
+    last_why_ = fused ? "the CPU backend runs the fused op unless asked otherwise" : "asked for";
+    return fused ? 1 : 2;
+  }
+
   // CUDA: waits for every rank's work, raising TimeoutError for a wait that ran out; CPU: calls
   // are synchronous already.
   void synchronize() {
@@ -531,6 +702,7 @@ class World {
     if (!cpu_ && !cuda_) return;
     cpu_ops_.clear();
     cpu_attn_.clear();
+    cpu_moe_.clear();
     cpu_.reset();
     nb::gil_scoped_release unlocked;  // the teardown's exchanges take the GIL themselves
     cuda_.reset();
@@ -768,6 +940,34 @@ class World {
     return cpu_attn_.emplace(key, std::move(made)).first->second;
   }
 
+  // The CPU MoE op made for a problem (one of the three).
+  struct CpuMoe {
+    std::unique_ptr<cpu::MoeAgGemm> ag;
+    std::unique_ptr<cpu::MoeGemmRs> rs;
+    std::unique_ptr<cpu::MoeMlp> mlp;
+  };
+  CpuMoe& cpu_moe(const MoeCall& c) {
+    const std::string key = moe_key(c);
+    auto it = cpu_moe_.find(key);
+    if (it != cpu_moe_.end()) return it->second;
+    if (cpu_moe_.size() >= kMaxMadeOps) cpu_moe_.clear();
+    CpuMoe made;
+    try {  // the plans' own checks (sizes in range): a ValueError
+      if (c.op == MoeOp::kAgGemm)
+        made.ag = std::make_unique<cpu::MoeAgGemm>(*cpu_, c.tokens, c.hidden, c.ffn, c.experts, c.topk, c.dtype,
+                                                   MoeAgGemmConfig{});
+      else if (c.op == MoeOp::kGemmRs)
+        made.rs = std::make_unique<cpu::MoeGemmRs>(*cpu_, c.tokens, c.hidden, c.ffn, c.experts, c.topk, c.dtype,
+                                                   MoeGemmRsConfig{});
+      else made.mlp = std::make_unique<cpu::MoeMlp>(*cpu_, c.tokens, c.hidden, c.ffn, c.experts, c.topk, c.dtype);
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const Error& e) {
+      throw nb::value_error(e.what());
+    }
+    return cpu_moe_.emplace(key, std::move(made)).first->second;
+  }
+
   static constexpr size_t kMaxMadeOps = 32;
   std::string backend_;
   int device_ = 0;
@@ -785,6 +985,7 @@ class World {
   std::unique_ptr<CudaBackend> cuda_;
   std::map<std::string, std::unique_ptr<cli::CpuOpRun>> cpu_ops_;
   std::map<std::string, CpuAttn> cpu_attn_;
+  std::map<std::string, CpuMoe> cpu_moe_;
   std::map<std::string, std::vector<cli::Extent2>> peers_;  // a process world: local problem -> every rank's extents
 };
 
@@ -871,6 +1072,8 @@ NB_MODULE(_tilelink, m) {
       .def("attention", &python::World::attention, nb::arg("op"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
            nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("shard"), nb::arg("path"),
            nb::arg("stream"))
+      .def("moe", &python::World::moe, nb::arg("op"), nb::arg("a"), nb::arg("topk_ids"), nb::arg("topk_weights"),
+           nb::arg("w1").none(), nb::arg("w2").none(), nb::arg("out"), nb::arg("path"), nb::arg("stream"))
       .def("config", &python::World::config, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("knobs"),
            nb::arg("raw") = false)
       .def("run", &python::World::run, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("out"), nb::arg("knobs"),

@@ -21,6 +21,8 @@ returns one output per rank, allocated like the inputs (or written into ``out``)
 
 Every registered op is a method (``tilelink.ops()`` lists them): ``ag_gemm`` (AllGather + GEMM,
 N split), ``gemm_rs`` (GEMM + ReduceScatter, K split) and ``gemm_ar`` (GEMM + AllReduce, K split).
+A world of one process also runs sequence-parallel attention (``sp_attn``, ``ring_attn``) and the
+tensor-parallel MoE layers (``moe_mlp``, and its two layers ``moe_ag_gemm`` and ``moe_gemm_rs``).
 Wrong dtypes or devices raise TypeError, shapes, strides, counts and options that do not fit raise
 ValueError, naming the argument, before anything runs; a wait that runs out of time raises
 tilelink.TimeoutError naming the op, rank, signal and tile.
@@ -122,6 +124,17 @@ def _empty(like: Any, shape: tuple, float32: bool = False, what: str = "out") ->
 
 
 _TORCH: dict = {}  # set on first use: the Tensor class, dtype codes (module.cpp, dtype_of_code), the raw stream
+
+
+def _allocated(make: Callable[[], list], *lists: Any) -> list:
+    """The outputs make() allocates from the operands' shapes, or [] where the operands are not
+    lists of arrays of the expected dimensions (the module's checks then name what is wrong)."""
+    if not all(isinstance(x, (list, tuple)) and x for x in lists):
+        return []
+    try:
+        return make()
+    except (AttributeError, IndexError):
+        return []
 
 
 def _torch_state() -> dict:
@@ -290,6 +303,71 @@ class World:
         self._last = self._w.attention(op, list(q), list(k), list(v), list(out), list(lse), bool(causal), shard, path,
                                        stream)
         return out, lse
+
+    # ---- MoE layers (tensor-parallel experts) ------------------------------------------------
+    def moe_mlp(self, x: Sequence[Any], topk_ids: Sequence[Any], topk_weights: Sequence[Any], w1: Sequence[Any],
+                w2: Sequence[Any], *, path: str = "auto", out: Optional[Sequence[Any]] = None) -> list:
+        """The whole tensor-parallel MoE layer: rank r holds its tokens x[r] [M_r, H] and their
+        routing (topk_ids[r] int32 and topk_weights[r] float32, [M_r, topk], from the router), and
+        a shard of every expert: w1[r] [E, 2 F_r, H] (the gate rows, then the up rows) and w2[r]
+        [E, H, F_r]. Returns out[r] [M_r, H]: for each of its tokens, sum over the token's slots of
+        weight * (SiLU(x W_gate^T) * (x W_up^T)) W2^T, summed over the ranks' shards. Every token's
+        routing is gathered, so each rank computes its shard of every routed (token, expert) pair.
+        path as World.run.
+        """
+        if out is None:
+            out = _allocated(lambda: [_empty(t, (t.shape[0], w.shape[1])) for t, w in zip(x, w2)], x, topk_ids, w2)
+        return self._moe("moe_mlp", x, topk_ids, topk_weights, w1, w2, path, out)
+
+    def moe_ag_gemm(self, x: Sequence[Any], topk_ids: Sequence[Any], topk_weights: Sequence[Any],
+                    w1: Sequence[Any], *, path: str = "auto", out: Optional[Sequence[Any]] = None) -> list:
+        """MoE layer 0: the AllGather of every rank's tokens and routing, then the grouped GEMM.
+        x[r] [M_r, H], topk_ids[r] / topk_weights[r] [M_r, topk], w1[r] [E, F_r, H]. Returns
+        out[r] [M * topk, F_r]: row i is x[t] W1[e]^T for the i-th (token t, expert e) pair in
+        grouped order, the pairs p = t * topk + slot of all M tokens (in rank order) sorted stably
+        by expert: ``numpy.argsort(concatenated_ids.ravel(), kind="stable")`` lists them.
+        """
+        if out is None:
+            def made() -> list:
+                rows = builtins.sum(int(t.shape[0]) for t in x) * int(topk_ids[0].shape[1])
+                return [_empty(t, (rows, w.shape[1])) for t, w in zip(x, w1)]
+            out = _allocated(made, x, topk_ids, w1)
+        return self._moe("moe_ag_gemm", x, topk_ids, topk_weights, w1, None, path, out)
+
+    def moe_gemm_rs(self, h1: Sequence[Any], topk_ids: Sequence[Any], topk_weights: Sequence[Any],
+                    w2: Sequence[Any], *, m_split: Optional[Sequence[int]] = None, path: str = "auto",
+                    out: Optional[Sequence[Any]] = None) -> list:
+        """MoE layer 1: the grouped GEMM, the top-k reduce and the ReduceScatter. h1[r]
+        [M * topk, F_r] in the grouped order of moe_ag_gemm, topk_ids[r] / topk_weights[r]
+        [M, topk] every token's routing (the same on every rank), w2[r] [E, H, F_r]. Returns
+        out[r] [M_r, H]: rank r's tokens' rows of sum_s topk_reduce(h1[s] W2_s^T). m_split: M_r by
+        rank (or the rows of out); None splits M evenly, the first ranks taking one more.
+        """
+        if out is None:
+            world = self.size
+            split = None if m_split is None else [int(m) for m in m_split]
+            if split is not None and len(split) != world:
+                raise ValueError(f"m_split holds {len(split)} counts, the world has {world} ranks")
+
+            def made() -> list:
+                tokens = int(topk_ids[0].shape[0])
+                counts = split or [tokens // world + (1 if r < tokens % world else 0) for r in range(world)]
+                return [_empty(h, (m, w.shape[1])) for h, m, w in zip(h1, counts, w2)]
+            out = _allocated(made, h1, topk_ids, w2)
+        elif m_split is not None:
+            raise ValueError("pass m_split or out, not both (out's rows give the split)")
+        return self._moe("moe_gemm_rs", h1, topk_ids, topk_weights, None, w2, path, out)
+
+    def _moe(self, op: str, a: Sequence[Any], ids: Sequence[Any], weights: Sequence[Any], w1: Optional[Sequence[Any]],
+             w2: Optional[Sequence[Any]], path: str, out: Sequence[Any]) -> list:
+        if not isinstance(path, str):
+            raise TypeError(f"path must be a str, got {type(path).__name__}")
+        first = a[0] if isinstance(a, (list, tuple)) and a else None
+        stream = 0
+        if self._cuda and type(first).__module__.startswith("torch") and first.is_cuda:
+            stream = int(_torch_state()["stream"](self._device))
+        self._last = self._w.moe(op, a, ids, weights, w1, w2, out, path, stream)
+        return out
 
 
 _DEFAULT_KNOBS = {p: Config()._knobs(p) for p in ("auto", "fused", "unfused")}

@@ -195,11 +195,16 @@ def test_closed_world():
 
 
 def test_readme_example():
-    """The README's Python example runs as written."""
+    """The README's Python examples of one process (ops, attention, MoE) run as written, in order."""
     import pathlib
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md", "exec"), {})
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    local = [b for b in blocks if "tilelink.init()" not in b]
+    assert len(local) == 3, len(local)
+    scope = {}
+    for block in local:
+        exec(compile(block, "README.md", "exec"), scope)
+    assert [y.shape for y in scope["y"]] == [(100, 64), (60, 64)]
 
 
 def test_raw_operand_tuples():
@@ -347,3 +352,133 @@ def test_attention_refuses_bad_arguments():
     bad_heads = [rng.uniform(-1, 1, (1, n, 3, 8)).astype(np.float32) for n in (5, 6)]
     with pytest.raises(ValueError, match="multiple"):
         w.sp_attn(q, bad_heads, bad_heads)
+
+
+# ---- MoE layers ---------------------------------------------------------------------------------
+
+def moe_operands(world, rng, dtype, tokens=(9, 0, 14, 7), hidden=24, ffn=(8, 16, 8, 24), experts=5, topk=2,
+                 gated=False):
+    """Rank r's tokens, routing and expert shards: x[r] [M_r, H], ids / weights [M_r, topk], w1[r]
+    [E, F_r (x2 gated), H], w2[r] [E, H, F_r]. Expert experts - 1 gets no token."""
+    m, f = tokens[:world], ffn[:world]
+    x = [rng.uniform(-1, 1, (n, hidden)).astype(dtype) for n in m]
+    ids = [np.stack([rng.choice(experts - 1, topk, replace=False) for _ in range(n)]).astype(np.int32)
+           if n else np.zeros((0, topk), np.int32) for n in m]
+    wts = [rng.uniform(0, 1, (n, topk)).astype(np.float32) for n in m]
+    w1 = [rng.uniform(-0.5, 0.5, (experts, (2 if gated else 1) * fr, hidden)).astype(dtype) for fr in f]
+    w2 = [rng.uniform(-0.5, 0.5, (experts, hidden, fr)).astype(dtype) for fr in f]
+    return x, ids, wts, w1, w2
+
+
+def grouped_order(ids):
+    """The pairs p = token * topk + slot in grouped order (ops/moe_routing.hpp)."""
+    return np.argsort(ids.ravel(), kind="stable")
+
+
+def moe_layer0_reference(xs, ids, w1):
+    """float64: [M * topk, F] rows X[token] W1[expert]^T in grouped order."""
+    x, flat = np.concatenate(xs).astype(np.float64), ids.ravel()
+    order, topk = grouped_order(ids), ids.shape[1]
+    return np.stack([x[p // topk] @ w1[flat[p]].astype(np.float64).T for p in order])
+
+
+def moe_partial_reference(h1, ids, wts, w2):
+    """float64: the top-k reduce of h1 W2^T, [M, H] (h1 in grouped order)."""
+    flat, order, topk = ids.ravel(), grouped_order(ids), ids.shape[1]
+    y = np.stack([h1[i].astype(np.float64) @ w2[flat[p]].astype(np.float64).T for i, p in enumerate(order)])
+    row_of_pair = np.empty_like(order)
+    row_of_pair[order] = np.arange(order.size)
+    return np.stack([sum(wts[t, s] * y[row_of_pair[t * topk + s]] for s in range(topk)) for t in range(ids.shape[0])])
+
+
+@pytest.mark.parametrize("world,dtype", [(1, np.float32), (3, np.float32), (4, np.float16), (2, np.float16)])
+def test_moe_layers_match_float64(world, dtype):
+    """moe_ag_gemm, moe_gemm_rs and moe_mlp on the CPU backend against float64 (ragged tokens with an
+    empty rank, ragged F_r, an expert with no token), fused and unfused bit for bit, outputs
+    poisoned first; layer 0's output feeds layer 1."""
+    rng = np.random.default_rng(11 + world)
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    x, ids, wts, w1, w2 = moe_operands(world, rng, dtype)
+    all_ids, all_wts = np.concatenate(ids), np.concatenate(wts)
+    m = [t.shape[0] for t in x]
+    ends = np.cumsum([0] + m)
+    w = tilelink.virtual(world, backend="cpu")
+
+    def both(call, shapes):
+        got = []
+        for path in ("fused", "unfused"):
+            out = [np.full(s, np.nan, dtype) for s in shapes]
+            assert call(path, out) is out and w.last_path[0] == path
+            got.append(out)
+        for a, b in zip(*got):
+            assert np.array_equal(a, b)
+        return got[0]
+
+    rows = all_ids.size
+    h1 = both(lambda path, out: w.moe_ag_gemm(x, ids, wts, w1, path=path, out=out),
+              [(rows, f.shape[1]) for f in w1])
+    for r in range(world):
+        assert rel_err(h1[r], moe_layer0_reference(x, all_ids, w1[r])) < tol, r
+    ids_every, wts_every = [all_ids] * world, [all_wts] * world
+    c = both(lambda path, out: w.moe_gemm_rs(h1, ids_every, wts_every, w2, path=path, out=out),
+             [(n, x[0].shape[1]) for n in m])
+    partial = sum(moe_partial_reference(h1[r], all_ids, all_wts, w2[r]) for r in range(world))
+    for r in range(world):
+        assert c[r].shape == (m[r], x[0].shape[1])
+        if m[r]:
+            assert rel_err(c[r], partial[ends[r]:ends[r + 1]]) < tol, r
+    # outputs allocated when not given; m_split gives the split
+    c2 = w.moe_gemm_rs(h1, ids_every, wts_every, w2)
+    assert [t.shape[0] for t in c2] == [sum(m) // world + (1 if r < sum(m) % world else 0) for r in range(world)]
+    c3 = w.moe_gemm_rs(h1, ids_every, wts_every, w2, m_split=m)
+    for a, b in zip(c3, c):
+        assert np.array_equal(a, b)
+
+    # the whole layer: SiLU(gate) * up between the layers
+    x, ids, wts, w1, w2 = moe_operands(world, rng, dtype, gated=True)
+    all_ids, all_wts = np.concatenate(ids), np.concatenate(wts)
+    out = both(lambda path, out: w.moe_mlp(x, ids, wts, w1, w2, path=path, out=out), [t.shape for t in x])
+    want = 0
+    for r in range(world):
+        gate_up = moe_layer0_reference(x, all_ids, w1[r])
+        f = w2[r].shape[2]
+        act = gate_up[:, :f] / (1 + np.exp(-gate_up[:, :f])) * gate_up[:, f:]
+        want = want + moe_partial_reference(act.astype(dtype), all_ids, all_wts, w2[r])
+    for r in range(world):
+        if m[r]:
+            assert rel_err(out[r], want[ends[r]:ends[r + 1]]) < (1e-5 if dtype == np.float32 else 2e-2), r
+    assert [t.shape for t in w.moe_mlp(x, ids, wts, w1, w2)] == [t.shape for t in x]
+
+
+def test_moe_refuses_bad_arguments():
+    rng = np.random.default_rng(4)
+    w = tilelink.virtual(2, backend="cpu")
+    x, ids, wts, w1, w2 = moe_operands(2, rng, np.float32, tokens=(6, 5), ffn=(8, 16), gated=True)
+    w.moe_mlp(x, ids, wts, w1, w2)  # the reference call: every case below changes one thing
+    raises(TypeError, "x must be a list of arrays, one per rank, got ndarray", lambda: w.moe_mlp(x[0], ids, wts, w1, w2))
+    raises(ValueError, "w2 holds 1 arrays, the world has 2 ranks", lambda: w.moe_mlp(x, ids, wts, w1, w2[:1]))
+    raises(TypeError, "topk_ids[1] has dtype int64; routing ids are int32",
+           lambda: w.moe_mlp(x, [ids[0], ids[1].astype(np.int64)], wts, w1, w2))
+    raises(TypeError, "topk_weights[0] has dtype fp16, topk_weights must be fp32",
+           lambda: w.moe_mlp(x, ids, [wts[0].astype(np.float16), wts[1]], w1, w2))
+    raises(ValueError, "topk_ids[1] is [5, 3], not [5, 2]",
+           lambda: w.moe_mlp(x, [ids[0], np.zeros((5, 3), np.int32)], wts, w1, w2))
+    raises(ValueError, "w1[1] is [5, 31, 24]; it must be [5, 2 F_r, 24]",
+           lambda: w.moe_mlp(x, ids, wts, [w1[0], np.ascontiguousarray(w1[1][:, :31])], w2))
+    raises(ValueError, "w2[0] is [5, 24, 9], not [5, 24, 8]",
+           lambda: w.moe_mlp(x, ids, wts, w1, [np.zeros((5, 24, 9), np.float32), w2[1]]))
+    raises(ValueError, "out[1] is [6, 24], not [5, 24]",
+           lambda: w.moe_mlp(x, ids, wts, w1, w2, out=[np.empty((6, 24), np.float32)] * 2))
+    raises(ValueError, "topk = 2 is more than the 1 experts",
+           lambda: w.moe_mlp(x, ids, wts, [t[:1].copy() for t in w1], [t[:1].copy() for t in w2]))
+    raises(ValueError, "path must be 'auto', 'fused' or 'unfused', got 'fast'",
+           lambda: w.moe_mlp(x, ids, wts, w1, w2, path="fast"))
+    bad = [ids[0].copy(), ids[1]]
+    bad[0][3, 1] = 7
+    raises(tilelink.Error, "token 3", lambda: w.moe_mlp(x, bad, wts, w1, w2))
+    h1 = w.moe_ag_gemm(x, ids, wts, [np.ascontiguousarray(t[:, :8 * (i + 1)]) for i, t in enumerate(w1)])
+    every = np.concatenate(ids)
+    raises(ValueError, "the out[r] hold 10 rows in all, topk_ids[0] routes 11 tokens",
+           lambda: w.moe_gemm_rs(h1, [every] * 2, [np.concatenate(wts)] * 2, w2, m_split=[5, 5]))
+    raises(ValueError, "h1[1] is [22, 8], not [22, 16]",
+           lambda: w.moe_gemm_rs([h1[0], h1[1][:, :8].copy()], [every] * 2, [np.concatenate(wts)] * 2, w2))

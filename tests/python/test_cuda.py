@@ -157,3 +157,53 @@ def test_attention_matches_float64(op, world, shard):
             assert np.isfinite(got).all(), (path, r)
             assert np.abs(got - want_o[:, pos[r]]).max() < 2e-2, (path, r)
             np.testing.assert_allclose(lse[r].cpu().numpy(), want_lse[:, pos[r]], atol=2e-3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_moe_layers_match_float64(world):
+    """moe_mlp, moe_ag_gemm and moe_gemm_rs on bf16 torch tensors against float64 (ragged tokens,
+    an expert with no token), outputs poisoned, fused and unfused bit for bit, and the layers
+    chained: layer 0's rows are layer 1's input."""
+    import test_cpu  # the float64 MoE layers
+    rng = np.random.default_rng(21 + world)
+    x, ids, wts, w1, w2 = test_cpu.moe_operands(world, rng, np.float32, tokens=(200, 131, 67), hidden=256,
+                                                ffn=(128, 64, 192), experts=6, topk=2, gated=True)
+    all_ids, all_wts = np.concatenate(ids), np.concatenate(wts)
+    m = [t.shape[0] for t in x]
+    ends = np.cumsum([0] + m)
+
+    def dev(xs, dtype=torch.bfloat16):
+        return [torch.as_tensor(t, device=DEV).to(dtype) for t in xs]
+    tx, tw1, tw2 = dev(x), dev(w1), dev(w2)
+    tids, twts = dev(ids, torch.int32), dev(wts, torch.float32)
+    bf = [[t.float().cpu().numpy() for t in ts] for ts in (tx, tw1, tw2)]  # the operands as rounded
+    w = tilelink.virtual(world, backend="cuda")
+    got = {}
+    for path in ("fused", "unfused"):
+        out = [torch.full((n, 256), float("nan"), dtype=torch.bfloat16, device=DEV) for n in m]
+        w.moe_mlp(tx, tids, twts, tw1, tw2, path=path, out=out)
+        torch.cuda.synchronize()
+        got[path] = out
+    want = 0
+    for r in range(world):
+        gate_up = test_cpu.moe_layer0_reference(bf[0], all_ids, bf[1][r])
+        f = bf[2][r].shape[2]
+        act = gate_up[:, :f] / (1 + np.exp(-gate_up[:, :f])) * gate_up[:, f:]
+        want = want + test_cpu.moe_partial_reference(act, all_ids, all_wts, bf[2][r])
+    for r in range(world):
+        assert torch.equal(got["fused"][r], got["unfused"][r]), r
+        assert rel_err(got["fused"][r], want[ends[r]:ends[r + 1]]) < 2e-2, r
+    # the two layers alone, chained
+    half = [t[:, : t.shape[1] // 2].contiguous() for t in tw1]
+    h1 = w.moe_ag_gemm(tx, tids, twts, half)
+    every_ids = [torch.as_tensor(all_ids, device=DEV)] * world
+    every_wts = [torch.as_tensor(all_wts, device=DEV)] * world
+    c = w.moe_gemm_rs(h1, every_ids, every_wts, tw2, m_split=m)
+    torch.cuda.synchronize()
+    for r in range(world):
+        want0 = test_cpu.moe_layer0_reference(bf[0], all_ids, bf[1][r][:, : bf[2][r].shape[2]])
+        assert rel_err(h1[r], want0) < 1e-2, r
+    partial = sum(test_cpu.moe_partial_reference(h1[r].float().cpu().numpy(), all_ids, all_wts, bf[2][r])
+                  for r in range(world))
+    for r in range(world):
+        assert rel_err(c[r], partial[ends[r]:ends[r + 1]]) < 1e-2, r
