@@ -10,6 +10,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -116,6 +117,8 @@ class CudaWorld final : public CudaBackend {
     ContextGuard keep;
     MadeMoe& op = made_moe(call);
     const PathChoice choice = op.ag ? op.ag->choose(call.path) : op.rs ? op.rs->choose(call.path) : op.mlp->choose(call.path);
+    if (std::find(routed_.begin(), routed_.end(), &op) == routed_.end())
+      routed_.push_back(&op);  // its routing checked at the next sync()
     in_caller_order(stream, [&] {
       const bool unfused = choice.path == OpPath::kUnfused;
       if (op.ag) unfused ? op.ag->run_unfused(x.a, x.ids, x.weights, x.w1, x.out)
@@ -128,7 +131,29 @@ class CudaWorld final : public CudaBackend {
     return choice;
   }
 
-  void sync() override { world_->sync("python call"); }
+  // Also reports a MoE call's bad expert id (the routing kernel's status, read once the work is
+  // done: the ids live on the device, and a call does not synchronize).
+  void sync() override {
+    ContextGuard keep;
+    world_->sync("python call");
+    std::vector<MadeMoe*> routed;
+    routed.swap(routed_);
+    for (MadeMoe* op : routed) {
+      for (int r : world_->local_ranks()) {
+        const tlc::MoeLayer& layer = op->ag ? op->ag->layer(r) : op->rs ? op->rs->layer(r) : op->mlp->layer0().layer(r);
+        int64_t status = 0;
+        world_->bind(r);
+        TL_CUDA_CHECK(cudaMemcpy(&status, layer.status(), sizeof(status), cudaMemcpyDeviceToHost));
+        if (status != 0) {
+          const int64_t pair = status - 1;
+          throw Error(std::string(op->ag ? "moe_ag_gemm" : op->rs ? "moe_gemm_rs" : "moe_mlp") + ": rank " +
+                      std::to_string(r) + "'s routing: token " + std::to_string(pair / layer.topk()) + ", slot " +
+                      std::to_string(pair % layer.topk()) + " names an expert outside [0, " +
+                      std::to_string(layer.experts()) + "); the call's output is not valid");
+        }
+      }
+    }
+  }
 
   void stop_peers() override {
     ContextGuard keep;
@@ -192,7 +217,7 @@ class CudaWorld final : public CudaBackend {
     auto it = moe_.find(key);
     if (it != moe_.end()) return it->second;
     if (moe_.size() >= kMaxMadeOps) {
-      TL_CUDA_CHECK(cudaDeviceSynchronize());  // the made ops' workspaces may still be in use
+      sync();  // the made ops' workspaces may still be in use, and their routing is checked
       moe_.clear();
     }
     MadeMoe made;
@@ -226,6 +251,7 @@ class CudaWorld final : public CudaBackend {
   std::map<std::string, std::unique_ptr<cli::CudaOpRun>> ops_;
   std::map<std::string, MadeAttn> attn_;
   std::map<std::string, MadeMoe> moe_;
+  std::vector<MadeMoe*> routed_;  // the MoE ops called since the last sync()
 };
 
 }  // namespace

@@ -313,7 +313,9 @@ class World:
         [E, H, F_r]. Returns out[r] [M_r, H]: for each of its tokens, sum over the token's slots of
         weight * (SiLU(x W_gate^T) * (x W_up^T)) W2^T, summed over the ranks' shards. Every token's
         routing is gathered, so each rank computes its shard of every routed (token, expert) pair.
-        path as World.run.
+        path as World.run. An expert id outside [0, E) raises tilelink.Error naming the token and
+        slot: during the call on the CPU backend, at the next World.synchronize() on CUDA (the ids
+        live on the device, and a call does not wait for it).
         """
         if out is None:
             out = _allocated(lambda: [_empty(t, (t.shape[0], w.shape[1])) for t, w in zip(x, w2)], x, topk_ids, w2)

@@ -247,6 +247,8 @@ MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int
   TL_CUDA_CHECK(cudaMemset(row_of_pair_, 0xff, rows * sizeof(int64_t)));  // -1: unrouted
   max_tile_rows_ = DynamicSegmentTiling::max_num_tiles(rows, experts, compute::sm90::kTileM);
   rows_ready_ = static_cast<uint64_t*>(alloc<uint64_t>(max_tile_rows_));
+  tile_row_order_ = static_cast<int*>(alloc<int>(max_tile_rows_));
+  arrival_keys_ = static_cast<uint8_t*>(alloc<uint8_t>(max_tile_rows_));
   sms_ = sm_count();
   TL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
@@ -258,7 +260,8 @@ MoeLayer::~MoeLayer() {
   for (void* p : {static_cast<void*>(counts_), static_cast<void*>(offsets_),
                   static_cast<void*>(pair_of_row_), static_cast<void*>(row_of_pair_),
                   static_cast<void*>(status_), static_cast<void*>(first_tile_rows_), scratch_, xs_,
-                  h_, act_, y_, static_cast<void*>(rows_ready_)}) {
+                  h_, act_, y_, static_cast<void*>(rows_ready_), static_cast<void*>(tile_row_order_),
+                  static_cast<void*>(arrival_keys_)}) {
     if (p != nullptr) (void)cudaFree(p);
   }
   if (side_ != nullptr) (void)cudaStreamDestroy(side_);
@@ -279,6 +282,13 @@ void MoeLayer::route(const int32_t* topk_ids, cudaStream_t stream) {
                                  compute::sm90::kTileM, 1, first_tile_rows_);
   t.first_tiles = first_tile_rows_;
   moe_route_async(topk_ids, tokens_, topk_, experts_, t, stream);
+}
+
+void MoeLayer::order_by_arrival(const RowPartition& tokens, int rank, cudaStream_t stream) {
+  TL_REQUIRE(tokens.total() == tokens_, "moe (cuda): the token partition holds " << tokens.total() << " tokens, the layer "
+                                                                                 << tokens_);
+  moe_arrival_order_async(offsets_, first_tile_rows_, experts_, compute::sm90::kTileM, pair_of_row_, topk_, tokens,
+                          rank, tile_row_order_, arrival_keys_, stream);
 }
 
 compute::sm90::GroupedGemmArgs MoeLayer::grouped_args(const void* a, const int64_t* a_rows,

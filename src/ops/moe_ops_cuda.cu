@@ -173,7 +173,8 @@ void MoeAgGemm::enqueue_grouped(int r, const void* w1, void* out, bool hooked, c
     return launch_grouped(g, sm90::NoHooks{}, stream);
   }
   layer.set_gemm_sms(gemm_sms(r));
-  const sm90::GroupedGemmArgs g = layer.grouped_args(gathered, layer.pair_of_row(), w1, out, p.ffn, p.hidden);
+  sm90::GroupedGemmArgs g = layer.grouped_args(gathered, layer.pair_of_row(), w1, out, p.ffn, p.hidden);
+  g.tile_row_order = layer.tile_row_order();  // the rank's own tokens first, then as the peers' arrive
   const TokenTileWaitHooks hooks{world_.device_context(r), rt_->view(r), p.x.f.tile_ready, p.x.tiles,
                                  layer.pair_of_row(), p.topk, rt_->started() ? rt_->epoch(r) : Epoch{0}};
   launch_grouped(g, hooks, stream);
@@ -217,6 +218,7 @@ void MoeAgGemm::enqueue_compute(int r, const void* w1, void* out) {
   for (int s = 0; s < p.ids.tiles.num_tiles(); ++s)
     consumer_tile_wait(sc, rt_->view(r), p.ids.f.tile_ready, s, rt_->value(r), WaitSite{SignalField::kTileReady, s});
   layers_[r]->route(gathered_ids(r), sc.stream);
+  layers_[r]->order_by_arrival(p.x.tiles.parts, r, sc.stream);
   enqueue_grouped(r, w1, out, true, sc.stream);
 }
 

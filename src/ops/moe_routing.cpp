@@ -84,4 +84,25 @@ std::vector<int32_t> moe_draw_routing(std::mt19937_64& gen, int64_t tokens, int 
   return ids;
 }
 
+std::vector<int> moe_arrival_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
+                                       std::span<const int64_t> pair_of_row, int topk, const RowPartition& tokens,
+                                       int rank) {
+  const int groups = static_cast<int>(offsets.size()) - 1;
+  TL_REQUIRE(groups >= 1 && static_cast<int>(first.size()) == groups + 1 && tile_rows >= 1 && topk >= 1,
+             "moe_arrival_row_order: bad tables (" << offsets.size() << " offsets, " << first.size()
+                                                   << " first tile rows, tile_rows " << tile_rows << ")");
+  TL_REQUIRE(rank >= 0 && rank < tokens.world_size, "moe_arrival_row_order: rank " << rank << " of "
+                                                                                    << tokens.world_size);
+  const int count = first[groups];
+  std::vector<int> key(count), order(count);
+  for (int t = 0; t < count; ++t) {
+    const MoeTileRowSpan span = moe_tile_row_span(offsets.data(), first.data(), groups, tile_rows, t);
+    for (int64_t i = span.begin; i < span.end; ++i)
+      key[t] = std::max(key[t], moe_row_arrival(pair_of_row.data(), topk, tokens, rank, i));
+  }
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] < key[b]; });
+  return order;
+}
+
 }  // namespace tilelink

@@ -2,8 +2,8 @@
 // ragged groups (empty ones, a group of one row, a group of every row, 1 and 256 groups), both tile
 // widths and the pick, N and K off the tile sizes, padded strides, fewer SMs, spare rows past the
 // groups, A gathered by an index table, the reduce-add epilogue, a table of no rows, graph replays
-// over new tables, the routing kernel's tables driving it, and argument checks that throw before
-// anything is launched.
+// over new tables, the routing kernel's tables driving it, a walk in a shuffled tile-row order
+// (tile_row_order), and argument checks that throw before anything is launched.
 // Every output starts poisoned (0xFF: NaN) or holds known values; each element is compared with a
 // float64 reference computed on the host from the same bf16/fp16 inputs, and every byte outside the
 // groups' rows and N columns must be as it was. The groups' first tile rows, from
@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -167,6 +169,7 @@ struct Case {
   // reads a random one of them.
   int64_t a_rows = 0;
   int a_div = 1;
+  bool shuffled = false;  // the walk takes the tile rows in a random order (tile_row_order)
 };
 
 Case shape(std::string what, DType type, int tile_n, std::vector<int64_t> sizes, int64_t n,
@@ -183,7 +186,7 @@ void run_case(const Case& c, test::Rng& rng) {
   SCOPED_TRACE(::testing::Message()
                << c.what << ": " << c.sizes.size() << " groups, N " << c.n << ", K " << c.k << ", "
                << dtype_name(c.type) << ", tile_n " << c.tile_n << (c.reduce ? ", reduce-add" : "")
-               << (c.a_rows ? ", gathered A" : ""));
+               << (c.a_rows ? ", gathered A" : "") << (c.shuffled ? ", shuffled tile rows" : ""));
   const int groups = static_cast<int>(c.sizes.size());
   const std::vector<int64_t> offsets = offsets_of(c.sizes);
   const int64_t rows = offsets.back(), max_rows = rows + c.spare;
@@ -216,6 +219,13 @@ void run_case(const Case& c, test::Rng& rng) {
   DeviceBuffer a(p.a.size()), b(p.b.size()), out(before.size()),
       off(offsets.size() * sizeof(int64_t)), first((groups + 1) * sizeof(int)),
       a_index(index.size() * sizeof(int64_t));
+  // a random order of the tile rows (core/grouped_walk.hpp): the output must not depend on it
+  std::vector<int> order;
+  for (int64_t size : c.sizes) order.resize(order.size() + (size + kTileM - 1) / kTileM);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng.gen());
+  DeviceBuffer order_buf(std::max<size_t>(order.size(), 1) * sizeof(int));
+  order_buf.put(order);
   a.put(p.a);
   b.put(p.b);
   out.put(before);
@@ -234,6 +244,7 @@ void run_case(const Case& c, test::Rng& rng) {
   if (gathered) {
     args.a_row_index = a_index.as<int64_t>(), args.a_rows = c.a_rows, args.a_row_div = c.a_div;
   }
+  if (c.shuffled) args.tile_row_order = order_buf.as<int>();
   grouped_gemm_first_tile_rows_async(args, nullptr);
   grouped_gemm(args, nullptr);
   TL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -270,6 +281,12 @@ TEST(Sm90GroupedGemm, MatchesFloat64) {
   cases.push_back(shape("gathered A, fewer rows than the groups", DType::kF16, kTileNSlim,
                         {1, 0, 1100, 37}, 264, 136, 0));
   cases.back().a_rows = 64;
+  cases.push_back(shape("a shuffled tile-row order, empty groups, bands across groups", DType::kBF16, kTileN,
+                        {0, 300, 1, 0, 129, 512, 0, 77, 1400}, 776, 520, 20));
+  cases.back().shuffled = true;
+  cases.push_back(shape("a shuffled tile-row order, gathered A, three SMs", DType::kF16, kTileNSlim,
+                        rng.uneven_counts(2500, 40), 264, 136, 0));
+  cases.back().shuffled = true, cases.back().a_rows = 700, cases.back().a_div = 2, cases.back().num_sms = 3;
   for (const Case& c : cases) run_case(c, rng);
 }
 

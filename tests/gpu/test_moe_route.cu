@@ -3,7 +3,8 @@
 // 1 to 8, no tokens to 20,000; 1 to kMoeRouteBlocks blocks with ragged chunk ends, one expert taking
 // every pair; bad ids reported (the first over all blocks), not placed; replays of a captured graph
 // follow routings that change between them, bad ids included, over scratch poisoned between them;
-// bad arguments refused before anything is enqueued.
+// bad arguments refused before anything is enqueued; the arrival order of the grouped tile rows
+// against its host form.
 //
 // Timing (information, not an assertion): gpu_test_moe_route --gtest_filter='*Time*' prints the
 // routing of 8192 tokens x top-8 of 256 experts, eager and in a graph.
@@ -18,7 +19,9 @@
 #include "../support/random.hpp"
 #include "../support/refused.hpp"
 #include "tilelink/backend/cuda/check.hpp"
+#include "tilelink/core/dynamic_partition.hpp"
 #include "tilelink/core/dynamic_tile_grid.hpp"
+#include "tilelink/core/partition.hpp"
 #include "tilelink/ops/moe_route_cuda.hpp"
 #include "tilelink/ops/moe_routing.hpp"
 
@@ -184,6 +187,53 @@ TEST(MoeRouteCuda, ManyBlocksRaggedChunks) {
     tb.route_now(h_ids);
     tb.expect_match(h_ids);
   }
+}
+
+// The arrival order of the grouped tile rows (moe_arrival_order_async) equals the host form
+// (ops/moe_routing.hpp's moe_arrival_row_order) over the device's own tables: worlds 1 to 64,
+// ragged and empty segments, every routing pattern, up to 1024 experts and 40,000 tile rows' worth
+// of pairs (rounds of the block's stable counting sort), every rank; entries past the tile rows
+// untouched.
+TEST(MoeRouteCuda, ArrivalOrderMatchesTheHostForm) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int world = trial == 0 ? kMaxWorldSize : rng.uniform_int(1, 32);
+    const int experts = trial == 1 ? 1024 : rng.uniform_int(1, 300);
+    const int topk = rng.uniform_int(1, std::min(8, experts));
+    const int64_t tokens = trial == 1 ? 20000 : rng.coin(0.1) ? 0 : rng.uniform(1, 12000);
+    const auto how = static_cast<test::Routing>(rng.uniform_int(0, 3));
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " world " << world << " tokens " << tokens << " topk "
+                                      << topk << " experts " << experts << " " << test::name(how));
+    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, world));
+    Tables tb(tokens, topk, experts);
+    tb.t.grid = DynamicTileGrid::make(DynamicRowPartition::make(experts, tb.offsets.p), 1, 128, 1, tb.first.p);
+    tb.route_now(test::draw_ids(rng, tokens, topk, experts, how));
+    const std::vector<int64_t> offsets = tb.offsets.host(), pair_of_row = tb.pair_of_row.host();
+    const std::vector<int> first = tb.first.host();
+    const int64_t max_rows = DynamicSegmentTiling::max_num_tiles(tokens * topk, experts, 128);
+    DeviceArray<int> order(max_rows);
+    DeviceArray<uint8_t> keys(max_rows);
+    for (int rank : {0, world - 1, rng.uniform_int(0, world - 1)}) {
+      SCOPED_TRACE(::testing::Message() << "rank " << rank);
+      cuda::moe_arrival_order_async(tb.offsets.p, tb.first.p, experts, 128, tb.pair_of_row.p, topk, part, rank,
+                                    order.p, keys.p, nullptr);
+      TL_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<int> want = moe_arrival_row_order(offsets, first, 128, pair_of_row, topk, part, rank);
+      std::vector<int> got = order.host();
+      for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0x7b7b7b7b) << "entry " << i << " written";
+      got.resize(want.size());
+      ASSERT_EQ(got, want);
+    }
+  }
+  // refused before anything is enqueued
+  const RowPartition two = RowPartition::even(10, 2);
+  DeviceArray<int64_t> off(2), por(10);
+  DeviceArray<int> first(2), order(1);
+  DeviceArray<uint8_t> keys(1);
+  test::expect_refused([&] { cuda::moe_arrival_order_async(off.p, first.p, 1, 128, por.p, 1, two, 2, order.p, keys.p, nullptr); },
+                       "rank 2 of a world of 2");
+  test::expect_refused([&] { cuda::moe_arrival_order_async(off.p, first.p, 1, 128, por.p, 1, two, 0, nullptr, keys.p, nullptr); },
+                       "a table pointer is null");
 }
 
 // Out-of-range ids: reported by the first bad pair, left out of every table; the good pairs keep

@@ -16,6 +16,7 @@
 #include "tilelink/compute/cpu_gemm.hpp"
 #include "tilelink/compute/cpu_moe.hpp"
 #include "tilelink/core/dynamic_partition.hpp"
+#include "tilelink/ops/moe_plan.hpp"
 #include "tilelink/ops/moe_routing.hpp"
 
 namespace tilelink {
@@ -131,6 +132,53 @@ TEST(MoeRouting, RefusesBadIds) {
   // the device form reports by its result
   std::vector<int64_t> counts(4), offsets(5), rows(4), pairs(4);
   EXPECT_FALSE(moe_route(ids.data(), 2, 2, 4, counts.data(), offsets.data(), rows.data(), pairs.data()));
+}
+
+// The arrival order of layer 0's grouped tile rows (ops/moe_routing.hpp): a stable sort by the
+// latest owner position among each tile row's tokens, against brute force; the plan's pull order
+// agrees with moe_row_arrival.
+TEST(MoeRouting, ArrivalOrderSortsTileRowsByTheirLatestToken) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int world = rng.uniform_int(1, 9), experts = rng.uniform_int(1, 40);
+    const int topk = rng.uniform_int(1, std::min(experts, 6)), tile_rows = rng.pick(std::vector<int>{1, 4, 16, 128});
+    const int64_t tokens = rng.uniform(1, 300);
+    const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, world));
+    const Routing how = rng.pick(std::vector<Routing>{Routing::kUniform, Routing::kSkewed, Routing::kOneExpert,
+                                                      Routing::kEmptyExperts});
+    const MoeRouting r = moe_route(draw_ids(rng, tokens, topk, experts, how), tokens, topk, experts);
+    std::vector<int> first(experts + 1, 0);
+    for (int e = 0; e < experts; ++e)
+      first[e + 1] = first[e] + static_cast<int>((r.counts[e] + tile_rows - 1) / tile_rows);
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank) + " experts " +
+                   std::to_string(experts) + " top-" + std::to_string(topk) + " tile rows " + std::to_string(tile_rows));
+      const std::vector<int> order = moe_arrival_row_order(r.offsets, first, tile_rows, r.pair_of_row, topk, part, rank);
+      ASSERT_EQ(static_cast<int>(order.size()), first[experts]);
+      // brute force: each tile row's rows, their tokens' owners
+      std::vector<int> key(first[experts], 0);
+      for (int e = 0; e < experts; ++e)
+        for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) {
+          int owner = 0;
+          while (!(r.token_of_row(i) >= part.begin(owner) && r.token_of_row(i) < part.end(owner))) ++owner;
+          const int t = first[e] + static_cast<int>((i - r.offsets[e]) / tile_rows);
+          key[t] = std::max(key[t], (owner - rank + world) % world);
+        }
+      std::vector<int> seen(order.size(), 0);
+      for (size_t i = 0; i < order.size(); ++i) {
+        ++seen.at(order[i]);
+        if (i > 0) {
+          ASSERT_LE(key[order[i - 1]], key[order[i]]) << "position " << i;
+          if (key[order[i - 1]] == key[order[i]]) ASSERT_LT(order[i - 1], order[i]) << "not stable at " << i;
+        }
+      }
+      for (int v : seen) ASSERT_EQ(v, 1);
+      // the plan's pull order is the one moe_row_arrival assumes
+      const MoeAgGemmPlan plan = MoeAgGemmPlan::make(rank, part, 8, 8, experts, topk, DType::kF32, {});
+      for (int64_t i = 0; i < r.rows(); ++i)
+        ASSERT_EQ(plan.arrival_of(r.token_of_row(i)), moe_row_arrival(r.pair_of_row.data(), topk, part, rank, i));
+    }
+  }
 }
 
 // Layer 0 (gather X by token, per-expert W1) then the top-k reduce of layer 1's shape, against

@@ -207,3 +207,18 @@ def test_moe_layers_match_float64(world):
                   for r in range(world))
     for r in range(world):
         assert rel_err(c[r], partial[ends[r]:ends[r + 1]]) < 1e-2, r
+
+
+def test_moe_bad_expert_id_raises_at_synchronize():
+    """A routing id outside [0, E) on the device: the call returns, World.synchronize() raises
+    naming the token and slot."""
+    import test_cpu
+    rng = np.random.default_rng(5)
+    x, ids, wts, w1, w2 = test_cpu.moe_operands(2, rng, np.float32, tokens=(40, 24), hidden=64, ffn=(32, 16),
+                                                experts=4, topk=2, gated=True)
+    ids[1][3, 1] = 9
+    w = tilelink.virtual(2, backend="cuda")
+    dev = lambda xs, dtype=torch.bfloat16: [torch.as_tensor(t, device=DEV).to(dtype) for t in xs]  # noqa: E731
+    w.moe_mlp(dev(x), dev(ids, torch.int32), dev(wts, torch.float32), dev(w1), dev(w2))
+    with pytest.raises(tilelink.Error, match=r"token 43, slot 1 names an expert outside \[0, 4\)"):
+        w.synchronize()

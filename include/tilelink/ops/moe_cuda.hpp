@@ -38,6 +38,7 @@
 #include "tilelink/compute/sm90/grouped_gemm.hpp"
 #include "tilelink/prim/signal.hpp"
 #include "tilelink/core/dtype.hpp"
+#include "tilelink/core/partition.hpp"
 
 namespace tilelink::cuda {
 
@@ -112,6 +113,12 @@ class MoeLayer {
   void* act() const { return act_; }
   void* y() const { return y_; }
 
+  // Over ranks (layer 0): this call's grouped tile rows in the order their tokens arrive on rank
+  // `rank` of a world whose ranks hold `tokens` (ops/moe_routing.hpp), into tile_row_order(), on
+  // `stream` after route(). An op passes the table as GroupedGemmArgs::tile_row_order.
+  void order_by_arrival(const RowPartition& tokens, int rank, cudaStream_t stream);
+  const int* tile_row_order() const { return tile_row_order_; }
+
   // The grouped GEMM's arguments over this call's tables: A (gathered by a_rows / topk where
   // a_rows is set), B [experts, n, k], C [rows, n], on gemm_sms() SMs. For launches with hooks of
   // an op's own (ops/moe_ops_cuda.hpp).
@@ -131,6 +138,8 @@ class MoeLayer {
   int64_t* status_ = nullptr;
   int* first_tile_rows_ = nullptr;
   uint64_t* rows_ready_ = nullptr;  // kOverlap: a signal a grouped tile row
+  int* tile_row_order_ = nullptr;   // order_by_arrival: the walk's order of the tile rows
+  uint8_t* arrival_keys_ = nullptr;  // its scratch: a tile row's arrival
   int64_t max_tile_rows_ = 0;
   int sms_ = 0;
   int gather_sms_ = kMoeGatherSms;

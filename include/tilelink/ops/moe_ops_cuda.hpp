@@ -9,9 +9,11 @@
 //                    (layer 1's); a comm tile is a rank's whole segment (one copy-engine move and one
 //                    announcement a rank and tensor)
 //   compute program  on the rank's second stream: a stream wait for every ids tile, the routing
-//                    kernel over the gathered ids (the same tables on every rank), then the grouped
-//                    GEMM reading X's rows by index from the gathered buffer (no gathered copy of X):
-//                    before a tile's loads its load warps find the comm tiles holding the tokens of
+//                    kernel over the gathered ids (the same tables on every rank), the arrival
+//                    order of the grouped tile rows (the rank's own tokens first, then as the pull
+//                    order brings the peers': moe_arrival_order_async), then the grouped GEMM
+//                    walking the tile rows in that order and reading X's rows by index from the
+//                    gathered buffer (no gathered copy of X): before a tile's loads its load warps find the comm tiles holding the tokens of
 //                    its rows (a dynamic mapping: grouped row -> pair -> token -> owner's segment,
 //                    from the routing tables) and wait for those (bounded, SignalField::kTileReady)
 //   baseline (a)     the three AllGathers (the copy engine on virtual ranks: barrier, every rank's

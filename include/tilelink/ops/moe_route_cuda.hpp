@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "tilelink/core/dynamic_tile_grid.hpp"
+#include "tilelink/core/partition.hpp"
 
 namespace tilelink::cuda {
 
@@ -66,5 +67,14 @@ size_t moe_route_scratch_bytes(int64_t tokens, int topk, int experts);
 // throws tilelink::Error before anything is enqueued.
 void moe_route_async(const int32_t* topk_ids, int64_t tokens, int topk, int experts,
                      const MoeRouteTables& out, cudaStream_t stream);
+
+// The grouped GEMM's tile rows (tile_rows rows each, over the routing's offsets and first-tile
+// table) in the order their tokens arrive on rank `rank` of a world whose ranks hold `tokens`: the
+// device form of ops/moe_routing.hpp's moe_arrival_row_order, the same permutation. order and keys
+// (scratch): at least as many entries as tile rows any routing gives (DynamicSegmentTiling::
+// max_num_tiles). One block, after the routing on the same stream; no host synchronisation.
+void moe_arrival_order_async(const int64_t* offsets, const int* first_tile_rows, int experts, int tile_rows,
+                             const int64_t* pair_of_row, int topk, const RowPartition& tokens, int rank, int* order,
+                             uint8_t* keys, cudaStream_t stream);
 
 }  // namespace tilelink::cuda

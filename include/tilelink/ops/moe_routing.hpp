@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "tilelink/core/config.hpp"
+#include "tilelink/core/grouped_walk.hpp"
+#include "tilelink/core/partition.hpp"
 
 namespace tilelink {
 
@@ -65,6 +67,37 @@ struct MoeRouting {
 // Checks everything (ids in range, topk_ids.size() == tokens * topk, topk in [1, experts],
 // experts >= 1) and throws tilelink::Error naming the token and slot of a bad id.
 MoeRouting moe_route(std::span<const int32_t> topk_ids, int64_t tokens, int topk, int experts);
+
+// Arrival order (layer 0 over ranks: the grouped GEMM on rank `rank` reads the gathered tokens of
+// every rank, whose segments arrive in the AllGather's pull order, the rank's own first, then
+// rank + 1, ...). A grouped row's arrival is its token's owner's position in that order; a grouped
+// tile row's (tile_rows rows of one group, ops over offsets with the first-tile table `first`,
+// core/grouped_walk.hpp) the latest of its rows'. The grouped GEMM walks the tile rows stably by
+// it (moe_arrival_row_order; cuda::moe_arrival_order_async is the device form), so the tiles of
+// the rank's own tokens go first and none waits behind a tile that waits longer.
+TL_HD inline int moe_row_arrival(const int64_t* pair_of_row, int topk, const RowPartition& tokens, int rank,
+                                 int64_t row) {
+  const int owner = tokens.owner_of_row(pair_of_row[row] / topk);
+  return (owner - rank + tokens.world_size) % tokens.world_size;
+}
+
+// The grouped rows [begin, end) of tile row t (0 <= t < first[groups]).
+struct MoeTileRowSpan {
+  int64_t begin, end;
+};
+TL_HD inline MoeTileRowSpan moe_tile_row_span(const int64_t* offsets, const int* first, int groups, int tile_rows,
+                                              int t) {
+  const int g = grouped_group_of_row(first, groups, t);
+  const int64_t begin = offsets[g] + int64_t{t - first[g]} * tile_rows;
+  const int64_t end = begin + tile_rows < offsets[g + 1] ? begin + tile_rows : offsets[g + 1];
+  return {begin, end};
+}
+
+// The host form: the tile rows [0, first[experts]) stably by arrival. offsets and first: the
+// routing's tables (MoeRouting::offsets; first[e] = the tile rows before expert e).
+std::vector<int> moe_arrival_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
+                                       std::span<const int64_t> pair_of_row, int topk, const RowPartition& tokens,
+                                       int rank);
 
 // Routings for tests and benchmarks: topk distinct experts per token, drawn from `gen` by a pattern.
 //   uniform        every expert alike

@@ -73,8 +73,8 @@ void grouped_gemm_check(const GroupedGemmArgs& a) {
   TL_REQUIRE(aligned(a.a, 16) && aligned(a.b, 16),
              "sm90 grouped gemm: A and B must be 16-byte aligned (TMA)");
   TL_REQUIRE(aligned(a.c, 4), "sm90 grouped gemm: C must be 4-byte aligned");
-  TL_REQUIRE(aligned(a.offsets, 8) && aligned(a.first_tile_rows, 4),
-             "sm90 grouped gemm: the offsets (int64) and first tile rows (int) must be aligned");
+  TL_REQUIRE(aligned(a.offsets, 8) && aligned(a.first_tile_rows, 4) && aligned(a.tile_row_order, 4),
+             "sm90 grouped gemm: the offsets (int64), first tile rows and tile-row order (int) must be aligned");
   if (a.a_row_index != nullptr) {
     TL_REQUIRE(a.a_rows >= 1 && a.a_rows < (int64_t{1} << 31) && a.a_row_div >= 1,
                "sm90 grouped gemm: a gathered A needs a_rows in [1, 2^31) and a_row_div >= 1, got "

@@ -8,8 +8,8 @@
 // earlier kernel (the MoE routing kernel, ops/moe_route_cuda.hpp), so a call never synchronizes with
 // the host and a captured CUDA graph follows new sizes on every replay.
 //
-// The engine's tile walk runs over the groups' tiles: kTileM x tile_n tiles over the same offsets,
-// numbered group by group. Their table is the groups' first tile rows (groups + 1 entries: a
+// The engine's tile walk runs over the groups' tiles (core/grouped_walk.hpp): kTileM x tile_n tiles
+// over the same offsets, numbered group by group. Their table is the groups' first tile rows (groups + 1 entries: a
 // DynamicTileGrid of one column over the offsets, grouped_gemm_row_grid, whose first-tile table
 // does not depend on N or the tile width, so one table serves both GEMMs of an MoE layer); the
 // routing kernel writes it beside the offsets, grouped_gemm_first_tile_rows_async from any offsets
@@ -18,7 +18,8 @@
 // every num_blocks-th id; an id maps to its group by a binary search of the table (copied into
 // shared memory when a block starts), and
 // inside a group the tiles go down bands of kGroupedBand tile rows, column after column, so a band's
-// rows of A stay in L2 while each column of B_g streams once per band. A tile's loads read a whole
+// rows of A stay in L2 while each column of B_g streams once per band; with a tile-row order table
+// (tile_row_order) the bands go over the tile rows in the table's order instead. A tile's loads read a whole
 // 128-row box of A from the group's row (rows past the group are read and multiplied but never
 // stored); B_g is the TMA batch coordinate g. Stores are clipped to the group's rows. Empty groups
 // own no tiles; a table of no rows at all launches blocks that find nothing to do.
@@ -65,6 +66,10 @@ struct GroupedGemmArgs {
   int groups = 0;
   const int64_t* offsets = nullptr;  // device, [groups + 1]: offsets[0] = 0, non-decreasing
   const int* first_tile_rows = nullptr;  // device, [groups + 1]: the groups' first tile rows
+  // Optional, device [first_tile_rows[groups]]: the order the walk visits the tile rows in (a
+  // permutation, core/grouped_walk.hpp), e.g. by when their rows' inputs arrive. Written by an
+  // earlier kernel, like the tables. nullptr: group by group.
+  const int* tile_row_order = nullptr;
   // Gathered A (see above): device [max_rows] (rows past offsets[groups] are never read), A's
   // rows, the divisor. nullptr: A is [max_rows, k], grouped row i is A's row i.
   const int64_t* a_row_index = nullptr;

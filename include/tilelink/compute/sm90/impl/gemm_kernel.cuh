@@ -39,6 +39,7 @@
 #include "tilelink/compute/sm90/impl/operand_map.hpp"
 #include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
+#include "tilelink/core/grouped_walk.hpp"
 
 namespace tilelink::compute::sm90 {
 
@@ -169,8 +170,8 @@ struct SharedStorage {
   alignas(1024) uint8_t epilogue[Cfg::kEpilogueSmemBytes];
 };
 
-// The grouped mode's shared memory: the groups' first tile ids (first tile rows x tiles_n), made
-// when a block starts (the walk's binary searches then read shared memory, not L2).
+// The grouped mode's shared memory: the groups' first tile rows, copied when a block starts (the
+// walk's binary searches then read shared memory, not L2).
 template <class Cfg>
 struct GroupedSharedStorage : SharedStorage<Cfg> {
   int group_first[kGroupedMaxGroups + 1];
@@ -206,6 +207,7 @@ template <>
 struct GroupedRows<true> {
   CUtensorMap a_rows_map;
   DynamicTileGrid groups;  // its `first`: the groups' first tile rows (grouped_gemm.hpp)
+  const int* tile_row_order = nullptr;  // the walk's tile-row order (core/grouped_walk.hpp), or null
   // gathered A (load_gathered_a): grouped row -> index (A's row: index / a_row_div); A, row stride
   const int64_t* a_row_index = nullptr;
   int a_row_div = 1;
@@ -306,9 +308,9 @@ struct TileScheduler {
 };
 
 // The grouped mode's scheduler (grouped_gemm.hpp): the same interface over the groups' tiles, ids
-// 0 .. first[groups] - 1 (first: the block's shared-memory table of first tile ids; a bad table's
-// negative entry there gives no units). Inside a group, bands of kGroupedBand tile rows, column
-// after column.
+// 0 .. first[groups] * tiles_n - 1 in the walk of core/grouped_walk.hpp (first: the block's
+// shared-memory copy of the first-tile-row table; a bad table's negative entry there gives no
+// units; p.tile_row_order: the walk's order of the tile rows, or group by group).
 template <class P>
 struct GroupedTileScheduler {
   const P& p;
@@ -318,31 +320,19 @@ struct GroupedTileScheduler {
   int tiles_n;
 
   TL_DEVICE static GroupedTileScheduler make(const P& p, const int* first) {
+    const int tiles_n = p.groups.tiles_n();
     return {p, first,
             PersistentWalk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
-                           first[p.groups.num_groups()]},
-            static_cast<int>(ceil_div(p.k, kTileK)), p.groups.tiles_n()};
+                           first[p.groups.num_groups()] * tiles_n},
+            static_cast<int>(ceil_div(p.k, kTileK)), tiles_n};
   }
   TL_DEVICE int units() const { return walk.num_local(); }
   TL_DEVICE WorkUnit unit(int j) const {
-    const int id = walk.global(j);
-    int lo = 0, hi = p.groups.num_groups() - 1;
-    while (lo < hi) {  // the last group whose first tile is <= id: never an empty one
-      const int mid = lo + (hi - lo + 1) / 2;
-      if (first[mid] <= id)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int local = id - first[lo];
-    const int tiles_m = (first[lo + 1] - first[lo]) / tiles_n;
-    const int band = local / (kGroupedBand * tiles_n);
-    const int row0 = band * kGroupedBand;
-    const int rows = min(kGroupedBand, tiles_m - row0);
-    const int in_band = local - row0 * tiles_n;
+    const GroupedWalkTile t = grouped_walk_tile(first, p.groups.num_groups(), tiles_n, kGroupedBand,
+                                                p.tile_row_order, walk.global(j));
     WorkUnit u{};
-    u.tile = TileCoord{row0 + in_band % rows, in_band / rows};
-    u.k_begin = 0, u.k_count = k_tiles, u.split = -1, u.part = 0, u.group = lo;
+    u.tile = TileCoord{t.m, t.n};
+    u.k_begin = 0, u.k_count = k_tiles, u.split = -1, u.part = 0, u.group = t.group;
     return u;
   }
   TL_DEVICE bool ends_in_split() const { return false; }
@@ -676,9 +666,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   const auto sched = [&] {
     if constexpr (kGrouped) {
       const int groups = p.groups.num_groups();
-      const int tiles_n = p.groups.tiles_n();
       for (int i = threadIdx.x; i <= groups; i += blockDim.x) {
-        shared.group_first[i] = p.groups.first[i] * tiles_n;  // -1 (a bad table): no tiles
+        shared.group_first[i] = p.groups.first[i];  // -1 (a bad table): no tiles
       }
       __syncthreads();
       return GroupedTileScheduler<Params>::make(p, shared.group_first);
@@ -1133,6 +1122,7 @@ void launch_grouped_gemm_config(const GroupedGemmArgs& args, const Hooks& hooks,
   }
   p.groups = DynamicTileGrid{DynamicRowPartition{args.groups, args.offsets}, args.n, kTileM, tile_n,
                              args.first_tile_rows};
+  p.tile_row_order = args.tile_row_order;
   p.m = static_cast<int>(args.max_rows);
   p.n = static_cast<int>(args.n);
   p.k = static_cast<int>(args.k);
