@@ -169,7 +169,9 @@ TEST(MoeRouting, ArrivalOrderSortsTileRowsByTheirLatestToken) {
         ++seen.at(order[i]);
         if (i > 0) {
           ASSERT_LE(key[order[i - 1]], key[order[i]]) << "position " << i;
-          if (key[order[i - 1]] == key[order[i]]) ASSERT_LT(order[i - 1], order[i]) << "not stable at " << i;
+          if (key[order[i - 1]] == key[order[i]]) {
+            ASSERT_LT(order[i - 1], order[i]) << "not stable at " << i;
+          }
         }
       }
       for (int v : seen) ASSERT_EQ(v, 1);
