@@ -3,15 +3,18 @@
 # run moe_*` on the CUDA backend at worlds 1 to 4 against float64, and `tilelink bench moe_*` over
 # virtual ranks at worlds 2, 4, 8. Every step bounded by `timeout`; outputs under $OUT (or out/moe).
 #   bash bench/moe_sweep.sh BIN_DIR [quick]
-# BIN_DIR holds tilelink, gpu_test_moe_cuda and gpu_test_moe_ops (built here or unpacked by
-# bench/device_unpack.sh); `quick`: two models, 2048 tokens. TILELINK_COMMIT names the binaries'
-# commit in the tables where the copy has no git history.
+# BIN_DIR holds tilelink, gpu_test_moe_route, gpu_test_grouped_gemm, gpu_test_moe_cuda and
+# gpu_test_moe_ops (built here or unpacked by bench/device_unpack.sh); `quick`: two models, 2048
+# tokens. TILELINK_COMMIT names the binaries' commit in the tables where the copy has no git
+# history.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:?usage: bench/moe_sweep.sh BIN_DIR [quick]}
 QUICK=${2:-}
 LOG=${OUT:-out/moe}
 . bench/sweep_common.sh
+step test_moe_route 120 "$BIN/gpu_test_moe_route"
+step test_grouped_gemm 180 "$BIN/gpu_test_grouped_gemm"
 step test_moe_ops 300 "$BIN/gpu_test_moe_ops"
 step test_moe_cuda 120 "$BIN/gpu_test_moe_cuda"
 for op in moe_ag_gemm moe_gemm_rs moe_mlp; do
