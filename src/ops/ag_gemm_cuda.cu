@@ -255,7 +255,7 @@ void AgGemm::run_unfused(const std::vector<const void*>& a, const std::vector<co
   auto gemm = [&](int r) {  // cuBLAS: C_r [M, N_r] = gathered A [M, K] * B_r^T
     world_.bind(r);
     const AgGemmPlan& p = plans_[r];
-    detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), rt_->view(r).local(p.ag.f.gathered), b[r], c[r], p.m(), p.n,
+    detail::cublas_gemm_tn(rt_->lanes().cublas(r), rt_->view(r).local(p.ag.f.gathered), b[r], c[r], p.m(), p.n,
                                 p.k);
   };
   if (rt_->nccl()) {  // cuBLAS+NCCL (peer, ipc): NCCL's AllGather into every gathered A, cuBLAS

@@ -138,7 +138,7 @@ void GemmAr::run_unfused(const std::vector<const void*>& a, const std::vector<co
         world_.bind(r);
         const GemmArPlan& p = plans_[r];
         partial[r] = rt_->view(r).local(p.ar.f.partial);
-        detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), a[r], b[r], const_cast<void*>(partial[r]), p.m(), p.n,
+        detail::cublas_gemm_tn(rt_->lanes().cublas(r), a[r], b[r], const_cast<void*>(partial[r]), p.m(), p.n,
                                     p.k);
       }
       const GemmArPlan& p0 = plans_[rt_->first_rank()];
@@ -149,7 +149,7 @@ void GemmAr::run_unfused(const std::vector<const void*>& a, const std::vector<co
     for (int r : world_.local_ranks()) {  // cuBLAS: P_r = A_r B_r^T, then published whole
       world_.bind(r);
       const GemmArPlan& p = plans_[r];
-      detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), a[r], b[r], rt_->view(r).local(p.ar.f.partial), p.m(),
+      detail::cublas_gemm_tn(rt_->lanes().cublas(r), a[r], b[r], rt_->view(r).local(p.ar.f.partial), p.m(),
                                   p.n, p.k);
       detail::launch_set_signals(rt_->view(r).local(p.ar.f.tile_done), p.gemm.num_tiles(), rt_->epoch(r, 2),
                                  world_.stream(r));

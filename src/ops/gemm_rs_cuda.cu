@@ -165,7 +165,7 @@ void GemmRs::run_unfused(const std::vector<const void*>& a, const std::vector<co
     world_.bind(r);
     const GemmRsPlan& p = plans_[r];
     void* partial = rt_->view(r).local(p.rs.f.partial);
-    detail::cublas_gemm_bf16_tn(rt_->lanes().cublas(r), a[r], b[r], partial, p.m(), p.n, p.k);
+    detail::cublas_gemm_tn(rt_->lanes().cublas(r), a[r], b[r], partial, p.m(), p.n, p.k);
     return partial;
   };
   if (rt_->nccl()) {  // cuBLAS+NCCL (peer, ipc): cuBLAS into the partial, NCCL's ReduceScatter

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <vector>
 
 #include "fused_runtime.hpp"
 #include "cuda/tile_done_hooks.cuh"
@@ -63,6 +65,26 @@ void launch_grouped(const sm90::GroupedGemmArgs& g, const Hooks& hooks, cudaStre
     sm90::launch_grouped_gemm<cutlass::bfloat16_t, __nv_bfloat16>(g, hooks, stream);
   } else {
     sm90::launch_grouped_gemm<cutlass::half_t, __half>(g, hooks, stream);
+  }
+}
+
+// Baseline (b)'s GEMMs on `stream`: C_e = A_e · B_eᵀ over expert e's grouped rows of this call's
+// routing, one cuBLAS call a non-empty expert (what the largest published MoE speedups compare
+// against). The sizes come back to the host first: the stream is synchronized (not capturable).
+void expert_loop(const MoeLayer& layer, cublasHandle_t handle, std::vector<int64_t>& offsets, const void* a,
+                 const void* b, void* c, int64_t n, int64_t k, cudaStream_t stream) {
+  offsets.resize(layer.experts() + 1);
+  TL_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), layer.offsets(), offsets.size() * sizeof(int64_t),
+                                cudaMemcpyDeviceToHost, stream));
+  TL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TL_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  const int64_t eb = dtype_size(layer.dtype());
+  auto at = [&](const void* p, int64_t elems) { return static_cast<const std::byte*>(p) + elems * eb; };
+  for (int e = 0; e < layer.experts(); ++e) {
+    const int64_t m = offsets[e + 1] - offsets[e];
+    if (m == 0) continue;
+    detail::cublas_gemm_tn(handle, at(a, offsets[e] * k), at(b, e * n * k),
+                           const_cast<std::byte*>(at(c, offsets[e] * n)), m, n, k, layer.dtype());
   }
 }
 
@@ -255,16 +277,40 @@ void MoeAgGemm::run_compute_only(const std::vector<const void*>& w1, const std::
 void MoeAgGemm::run_unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                             const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                             const std::vector<void*>& out) {
+  unfused(x, ids, weights, w1, out, false);
+}
+
+void MoeAgGemm::run_expert_loop(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                                const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                                const std::vector<void*>& out) {
+  rt_->require_eager("run_expert_loop");
+  unfused(x, ids, weights, w1, out, true);
+}
+
+void MoeAgGemm::unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                        const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                        const std::vector<void*>& out, bool expert_loop_gemm) {
   check_args(x, ids, weights, w1, out);
-  if (world_.size() == 1)
-    return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kUnfused);
-  auto compute = [&](int r, cudaStream_t stream) {  // the routing, the gather, the GEMM
+  auto compute = [&](int r, const void* gathered_x, cudaStream_t stream) {  // the routing, the gather, the GEMM
     world_.bind(r);
     MoeLayer& layer = *layers_[r];
-    layer.route(gathered_ids(r), stream);
-    layer.gather(rt_->view(r).local(plans_[r].x.f.gathered), layer.xs(), stream);
-    enqueue_grouped(r, w1[r], out[r], false, stream);
+    const MoeAgGemmPlan& p = plans_[r];
+    layer.route(world_.size() == 1 ? ids[r] : gathered_ids(r), stream);
+    layer.gather(gathered_x, layer.xs(), stream);
+    if (!expert_loop_gemm) return enqueue_grouped(r, w1[r], out[r], false, stream);
+    expert_loop(layer, rt_->lanes().cublas(r), loop_offsets_, layer.xs(), w1[r], out[r], p.ffn, p.hidden, stream);
   };
+  if (world_.size() == 1) {
+    if (!expert_loop_gemm) return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kUnfused);
+    return rt_->world1([&](int r) {
+      compute(r, x[r], rt_->gemm_stream(r));
+      const MoeAgGemmPlan& p = plans_[r];  // what gathered_ids() and gathered_weights() give layer 1
+      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids[r], p.rows() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
+      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights[r], p.rows() * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
+    });
+  }
   const Field<Signal> barrier = plans_[rt_->first_rank()].barrier;
   if (rt_->nccl()) {  // NCCL's AllGathers (a copy: any 4-byte or 2-byte data as bf16 elements)
     return rt_->nccl_call(barrier, [&] {
@@ -279,7 +325,7 @@ void MoeAgGemm::run_unfused(const std::vector<const void*>& x, const std::vector
       rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.ids.row_bytes / 2, si, gi);
       rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.x.row_bytes / 2, sx, gx);
       rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.weights.row_bytes / 2, sw, gw);
-      for (int r : world_.local_ranks()) compute(r, world_.stream(r));
+      for (int r : world_.local_ranks()) compute(r, gx[r], world_.stream(r));
     });
   }
   // The copy engine, every rank: barrier, its rows into every rank, barrier; all of it enqueued
@@ -299,7 +345,7 @@ void MoeAgGemm::run_unfused(const std::vector<const void*>& x, const std::vector
       }
       rank_barrier(sc, heap, p.barrier, rt_->value(r, 2));
     }
-    for (int r : world_.local_ranks()) compute(r, world_.stream(r));
+    for (int r : world_.local_ranks()) compute(r, rt_->view(r).local(plans_[r].x.f.gathered), world_.stream(r));
   });
 }
 
@@ -361,13 +407,16 @@ void MoeGemmRs::check_args(const std::vector<const void*>& h1, const std::vector
 }
 
 void MoeGemmRs::enqueue_partial(int r, const void* h1, const int32_t* ids, const float* weights, const void* w2,
-                                bool fused, cudaStream_t stream) {
+                                bool fused, cudaStream_t stream, bool expert_loop_gemm) {
   const MoeGemmRsPlan& p = plans_[r];
   MoeLayer& layer = *layers_[r];
   void* partial = rt_->view(r).local(p.rs.f.partial);
   layer.route(ids, stream);
   layer.set_gemm_sms(fused ? gemm_sms(r) : world_.sm_count(r));
-  launch_grouped(layer.grouped_args(h1, nullptr, w2, layer.y(), p.hidden, p.ffn), sm90::NoHooks{}, stream);
+  if (expert_loop_gemm)
+    expert_loop(layer, rt_->lanes().cublas(r), loop_offsets_, h1, w2, layer.y(), p.hidden, p.ffn, stream);
+  else
+    launch_grouped(layer.grouped_args(h1, nullptr, w2, layer.y(), p.hidden, p.ffn), sm90::NoHooks{}, stream);
   if (!fused) return layer.topk_reduce(layer.y(), weights, partial, stream);
   // The next rank's tokens first: the owner the ReduceScatter serves first.
   const int next = (r + 1) % world_.size();
@@ -409,15 +458,38 @@ void MoeGemmRs::run(const std::vector<const void*>& h1, const std::vector<const 
 void MoeGemmRs::run_unfused(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
                             const std::vector<const float*>& weights, const std::vector<const void*>& w2,
                             const std::vector<void*>& c) {
+  unfused(h1, ids, weights, w2, c, false);
+}
+
+void MoeGemmRs::run_expert_loop(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                                const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                                const std::vector<void*>& c) {
+  rt_->require_eager("run_expert_loop");
+  unfused(h1, ids, weights, w2, c, true);
+}
+
+void MoeGemmRs::unfused(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                        const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                        const std::vector<void*>& c, bool expert_loop_gemm) {
   check_args(h1, ids, weights, w2, c);
-  if (world_.size() == 1) return run(h1, ids, weights, w2, c);  // one path at world 1
+  if (world_.size() == 1) {
+    if (!expert_loop_gemm) return run(h1, ids, weights, w2, c);  // one path at world 1
+    return rt_->world1([&](int r) {  // the loop's Y, then the top-k reduce straight into C
+      MoeLayer& layer = *layers_[r];
+      const MoeGemmRsPlan& p = plans_[r];
+      layer.route(ids[r], rt_->gemm_stream(r));
+      expert_loop(layer, rt_->lanes().cublas(r), loop_offsets_, h1[r], w2[r], layer.y(), p.hidden, p.ffn,
+                  rt_->gemm_stream(r));
+      layer.topk_reduce(layer.y(), weights[r], c[r], rt_->gemm_stream(r));
+    });
+  }
   const Field<Signal> barrier = plans_[rt_->first_rank()].barrier;
   if (rt_->nccl()) {  // the partials, then NCCL's ReduceScatter
     return rt_->nccl_call(barrier, [&] {
       std::vector<const void*> partial(world_.size(), nullptr);
       for (int r : world_.local_ranks()) {
         world_.bind(r);
-        enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], false, world_.stream(r));
+        enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], false, world_.stream(r), expert_loop_gemm);
         partial[r] = rt_->view(r).local(plans_[r].rs.f.partial);
       }
       const MoeGemmRsPlan& p0 = plans_[rt_->first_rank()];
@@ -427,7 +499,7 @@ void MoeGemmRs::run_unfused(const std::vector<const void*>& h1, const std::vecto
   rt_->own_call(barrier, [&] {
     for (int r : world_.local_ranks()) {  // the partial, then published whole
       world_.bind(r);
-      enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], false, world_.stream(r));
+      enqueue_partial(r, h1[r], ids[r], weights[r], w2[r], false, world_.stream(r), expert_loop_gemm);
       detail::launch_set_signals(rt_->view(r).local(plans_[r].rs.f.tile_done), plans_[r].rs.producer.num_tiles(),
                                  rt_->epoch(r, 2), world_.stream(r));
     }
@@ -504,7 +576,8 @@ MoeMlp::~MoeMlp() {
 
 void MoeMlp::call(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                   const std::vector<const float*>& weights, const std::vector<const void*>& w1,
-                  const std::vector<const void*>& w2, const std::vector<void*>& out, bool fused) {
+                  const std::vector<const void*>& w2, const std::vector<void*>& out, bool fused,
+                  bool expert_loop_gemm) {
   const int W = world_.size();
   TL_REQUIRE(static_cast<int>(w2.size()) == W && static_cast<int>(out.size()) == W,
              "moe_mlp: pass one W2 and one out entry per rank (" << W << ")");
@@ -517,12 +590,14 @@ void MoeMlp::call(const std::vector<const void*>& x, const std::vector<const int
   std::vector<const float*> weights1(W, nullptr);
   for (int r : world_.local_ranks()) ids1[r] = layer0_.gathered_ids(r), weights1[r] = layer0_.gathered_weights(r);
   if (fused) layer0_.run(x, ids, weights, w1, gate_up);
+  else if (expert_loop_gemm) layer0_.run_expert_loop(x, ids, weights, w1, gate_up);
   else layer0_.run_unfused(x, ids, weights, w1, gate_up);
   for (int r : world_.local_ranks()) {  // on the rank's stream, where layer 0's call ended
     world_.bind(r);
     layer0_.layer(r).activate_cols(gate_up_[r], act_[r], layer1_.plan(r).ffn, world_.stream(r));
   }
   if (fused) layer1_.run(act, ids1, weights1, w2, out);
+  else if (expert_loop_gemm) layer1_.run_expert_loop(act, ids1, weights1, w2, out);
   else layer1_.run_unfused(act, ids1, weights1, w2, out);
 }
 
@@ -536,6 +611,12 @@ void MoeMlp::run_unfused(const std::vector<const void*>& x, const std::vector<co
                          const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                          const std::vector<const void*>& w2, const std::vector<void*>& out) {
   call(x, ids, weights, w1, w2, out, false);
+}
+
+void MoeMlp::run_expert_loop(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                             const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                             const std::vector<const void*>& w2, const std::vector<void*>& out) {
+  call(x, ids, weights, w1, w2, out, false, true);
 }
 
 PathChoice MoeMlp::choose(OpPath requested) const { return moe_choice(world_, requested); }

@@ -43,15 +43,16 @@ inline void check_nccl(ncclResult_t s, const char* what, const char* file, int l
 }
 #define TL_NCCL_CHECK(call) ::tilelink::cuda::detail::check_nccl((call), #call, __FILE__, __LINE__)
 
-// The baseline's GEMM: C[m, n] (row-major) = A[m, k] B[n, k]^T in bf16 with fp32 accumulation, i.e.
-// C^T = B A^T in cuBLAS's column-major terms. Dense rows (ld = k, k, n).
-inline void cublas_gemm_bf16_tn(cublasHandle_t h, const void* a, const void* b, void* c, int64_t m,
-                                int64_t n, int64_t k) {
+// The baseline's GEMM: C[m, n] (row-major) = A[m, k] B[n, k]^T in bf16 or fp16 with fp32
+// accumulation, i.e. C^T = B A^T in cuBLAS's column-major terms. Dense rows (ld = k, k, n).
+inline void cublas_gemm_tn(cublasHandle_t h, const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k,
+                           DType dtype = DType::kBF16) {
+  TL_REQUIRE(dtype == DType::kBF16 || dtype == DType::kF16, "the cuBLAS baseline takes bf16 or fp16");
+  const cudaDataType_t t = dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.f, beta = 0.f;
   TL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                               static_cast<int>(k), &alpha, b, CUDA_R_16BF, static_cast<int>(k), a,
-                               CUDA_R_16BF, static_cast<int>(k), &beta, c, CUDA_R_16BF,
-                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                               static_cast<int>(k), &alpha, b, t, static_cast<int>(k), a, t, static_cast<int>(k), &beta,
+                               c, t, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // The cost model's view of a world whose GEMM runs on gemm_sms of each rank's SMs.

@@ -2,8 +2,9 @@
 // (compute/cpu_moe.hpp): layer 0 (AllGather + grouped GEMM), layer 1 (grouped GEMM + top-k reduce
 // + ReduceScatter) and the whole MLP, at worlds 1 to 4 with ragged tokens (an empty rank among
 // them), every routing pattern, bf16 and fp16, 1 to 60 experts, top-k 1 to 6; the fused path bit
-// for bit against the unfused one; two calls on one op with different routings (epochs and tables
-// follow); a captured call replayed over new routings; outputs poisoned before every run.
+// for bit against the unfused one; baseline (b), the per-expert cuBLAS loops, against float64; two
+// calls on one op with different routings (epochs and tables follow); a captured call replayed
+// over new routings; outputs poisoned before every run.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -142,6 +143,7 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
     auto o0 = outputs(world, out0_bytes), o0u = outputs(world, out0_bytes);
     auto o1 = outputs(world, out1_bytes), o1u = outputs(world, out1_bytes);
     auto om = outputs(world, out1_bytes), omu = outputs(world, out1_bytes);
+    auto o0b = outputs(world, out0_bytes), o1b = outputs(world, out1_bytes), omb = outputs(world, out1_bytes);
     const auto x = in.each<const void*>(in.d_x, true);
     const auto ids = in.each<const int32_t*>(in.d_ids, true);
     const auto wts = in.each<const float*>(in.d_weights, true);
@@ -160,6 +162,11 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
     world.sync("moe_mlp");
     mlp.run_unfused(x, ids, wts, in.each<const void*>(in.d_w1m), in.each<const void*>(in.d_w2), ptrs(omu));
     world.sync("moe_mlp(unfused)");
+    // baseline (b): the per-expert cuBLAS loops
+    layer0.run_expert_loop(x, ids, wts, in.each<const void*>(in.d_w1), ptrs(o0b));
+    layer1.run_expert_loop(in.each<const void*>(in.d_h1), all_ids, all_wts, in.each<const void*>(in.d_w2), ptrs(o1b));
+    mlp.run_expert_loop(x, ids, wts, in.each<const void*>(in.d_w1m), in.each<const void*>(in.d_w2), ptrs(omb));
+    world.sync("the expert loops");
 
     std::vector<double> partial1(in.M * h, 0.0), partialm(in.M * h, 0.0);
     for (int s = 0; s < W; ++s) {  // the ranks' partials summed in float64
@@ -171,8 +178,9 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
       SCOPED_TRACE(testing::Message() << "rank " << r);
       const Bytes g0 = o0[r]->host(), g0u = o0u[r]->host();
       EXPECT_EQ(0, std::memcmp(g0.data(), g0u.data(), g0.size())) << "layer 0: fused != unfused";
-      EXPECT_LT(rel_error(g0, c.dtype, moe_layer0_f64(in.x.data(), rt, in.w1[r].data(), h, f, c.dtype), 0, in.rows * f),
-                1e-2);
+      const std::vector<double> want0 = moe_layer0_f64(in.x.data(), rt, in.w1[r].data(), h, f, c.dtype);
+      EXPECT_LT(rel_error(g0, c.dtype, want0, 0, in.rows * f), 1e-2);
+      EXPECT_LT(rel_error(o0b[r]->host(), c.dtype, want0, 0, in.rows * f), 1e-2) << "layer 0's expert loop";
       // the routing the rank gathered is every token's
       std::vector<int32_t> gathered(in.rows);
       TL_CUDA_CHECK(cudaMemcpy(gathered.data(), layer0.gathered_ids(r), in.rows * 4, cudaMemcpyDeviceToHost));
@@ -182,9 +190,11 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
       const Bytes g1 = o1[r]->host(), g1u = o1u[r]->host();
       EXPECT_EQ(0, std::memcmp(g1.data(), g1u.data(), g1.size())) << "layer 1: fused != unfused";
       EXPECT_LT(rel_error(g1, c.dtype, partial1, first, count), 2e-2);
+      EXPECT_LT(rel_error(o1b[r]->host(), c.dtype, partial1, first, count), 2e-2) << "layer 1's expert loop";
       const Bytes gm = om[r]->host(), gmu = omu[r]->host();
       EXPECT_EQ(0, std::memcmp(gm.data(), gmu.data(), gm.size())) << "mlp: fused != unfused";
       EXPECT_LT(rel_error(gm, c.dtype, partialm, first, count), 3e-2);
+      EXPECT_LT(rel_error(omb[r]->host(), c.dtype, partialm, first, count), 3e-2) << "the MLP's expert loops";
     }
   }
 }

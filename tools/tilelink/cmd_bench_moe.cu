@@ -415,13 +415,16 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
   std::printf(
       "# bench %s: %s, world %d virtual ranks on one GPU (each its green context's SMs), F / W of every expert a "
       "rank, M / W tokens a rank; unfused = baseline (a): the copy engine's AllGathers, then the routing, a gather "
-      "and the grouped GEMM (layer 1: the partial, then the ReduceScatter on every SM); fused = the op's fused "
-      "call; comm / compute = the parts alone; ideal = max(comm, compute); overlap = (comm + compute - fused) / "
-      "min(comm, compute); ms: host wall medians of %d after %d warm-ups; check: fused and unfused bit-identical "
-      "on every rank; auto: the op's choice\n",
+      "and the grouped GEMM (layer 1: the partial, then the ReduceScatter on every SM); loop = baseline (b): (a) "
+      "with one cuBLAS GEMM a non-empty expert (sizes read back to the host); fused = the op's fused call; comm / "
+      "compute = the parts alone; ideal = max(comm, compute); speedup = unfused / fused, over_b = loop / fused; "
+      "overlap = (comm + compute - fused) / min(comm, compute); ms: host wall medians of %d after %d warm-ups; "
+      "check: fused and unfused bit-identical on every rank, and err_b (the loop against unfused, relative, "
+      "Frobenius, the worst rank) within the one-GPU bench's tolerance; auto: the op's choice\n",
       name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup);
-  std::printf("%-13s %6s %-13s | %9s %9s %9s %9s %9s | %7s %7s | %5s | %s\n", "model", "tokens", "routing",
-              "unfused", "fused", "comm", "compute", "ideal", "speedup", "overlap", "check", "auto");
+  std::printf("%-13s %6s %-13s | %9s %9s %9s %9s %9s %9s | %7s %7s %7s | %8s %5s | %s\n", "model", "tokens",
+              "routing", "unfused", "loop", "fused", "comm", "compute", "ideal", "speedup", "over_b", "overlap",
+              "err_b", "check", "auto");
   tlc::World world({.transport = tlc::Transport::kVirtual, .world_size = W});
   const int64_t eb = dtype_size(o.dtype);
   bool all_ok = true;
@@ -454,7 +457,7 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
         std::vector<const void*> x(W), w1(W), w2(W), h1(W);
         std::vector<const int32_t*> my_ids(W), all_ids(W);
         std::vector<const float*> my_w(W), all_w(W);
-        std::vector<void*> out_f(W), out_u(W);
+        std::vector<void*> out_f(W), out_u(W), out_b(W);
         std::vector<int64_t> out_bytes(W);
         for (int r = 0; r < W; ++r) {
           const int64_t t0 = parts.begin(r), tr = parts.size(r);
@@ -488,10 +491,11 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
             w2[r] = w;
           }
           out_bytes[r] = (op == MoeBenchOp::kAgGemm ? rows * ffn : tr * hidden) * eb;
-          out_f[r] = alloc(r, out_bytes[r]), out_u[r] = alloc(r, out_bytes[r]);
+          out_f[r] = alloc(r, out_bytes[r]), out_u[r] = alloc(r, out_bytes[r]), out_b[r] = alloc(r, out_bytes[r]);
           CK(cudaMemsetAsync(out_f[r], 0xff, out_bytes[r], world.stream(r)));
           CK(cudaMemsetAsync(out_u[r], 0xff, out_bytes[r], world.stream(r)));
-          if (out_bytes[r] == 0) out_f[r] = out_u[r] = nullptr;
+          CK(cudaMemsetAsync(out_b[r], 0xff, out_bytes[r], world.stream(r)));
+          if (out_bytes[r] == 0) out_f[r] = out_u[r] = out_b[r] = nullptr;
         }
         world.sync("inputs");
         std::unique_ptr<tlc::MoeAgGemm> l0;
@@ -505,12 +509,26 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
           if (l1) fused ? l1->run(h1, all_ids, all_w, w2, out) : l1->run_unfused(h1, all_ids, all_w, w2, out);
           if (mlp) fused ? mlp->run(x, my_ids, my_w, w1, w2, out) : mlp->run_unfused(x, my_ids, my_w, w1, w2, out);
         };
+        auto call_loop = [&] {  // baseline (b)
+          if (l0) l0->run_expert_loop(x, my_ids, my_w, w1, out_b);
+          if (l1) l1->run_expert_loop(h1, all_ids, all_w, w2, out_b);
+          if (mlp) mlp->run_expert_loop(x, my_ids, my_w, w1, w2, out_b);
+        };
         // the check: one call of each path, every rank's output bit for bit, none left poisoned
         call(true, out_f);
         world.sync(name);
         call(false, out_u);
         world.sync(name);
+        call_loop();
+        world.sync(name);
         bool same = true;
+        double err_b = 0;  // the loop against the unfused path, the worst rank
+        for (int r = 0; r < W; ++r) {
+          if (out_bytes[r] == 0) continue;
+          world.bind(r);
+          const std::vector<std::byte> a = read_back(out_b[r], out_bytes[r]), b = read_back(out_u[r], out_bytes[r]);
+          err_b = std::max(err_b, rel_error(a.data(), b.data(), o.dtype, out_bytes[r] / eb));
+        }
         for (int r = 0; r < W && same; ++r) {
           if (out_bytes[r] == 0) continue;
           world.bind(r);
@@ -519,9 +537,10 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
           for (size_t i = 0; i + 1 < a.size() && same; i += 2)
             same = !(a[i] == std::byte{0xff} && a[i + 1] == std::byte{0xff});
         }
-        std::vector<double> tu, tf, tc, tk;
+        std::vector<double> tu, tf, tc, tk, tb;
         for (int i = 0; i < o.warmup + o.reps; ++i) {
           const double u = timed_ms(world, name, [&] { call(false, out_u); });
+          const double lb = timed_ms(world, name, call_loop);
           const double f = timed_ms(world, name, [&] { call(true, out_f); });
           double c = 0, k = 0;
           if (l0) {
@@ -533,25 +552,27 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
             c = timed_ms(world, "comm alone", [&] { l1->run_comm_only(out_f); });
           }
           if (i < o.warmup) continue;
-          tu.push_back(u), tf.push_back(f), tc.push_back(c), tk.push_back(k);
+          tu.push_back(u), tf.push_back(f), tc.push_back(c), tk.push_back(k), tb.push_back(lb);
         }
-        const double u = median_of(tu), f = median_of(tf), c = median_of(tc), k = median_of(tk);
+        const double u = median_of(tu), f = median_of(tf), c = median_of(tc), k = median_of(tk), b = median_of(tb);
+        const bool loop_ok = err_b <= tolerance(op);
         const bool parts_timed = !mlp;
         const double overlap = parts_timed && std::min(c, k) > 0 ? (c + k - f) / std::min(c, k) : 0.0;
         speedups.push_back(u / f);
         const std::string auto_path =
             op_path_name(l0 ? l0->choose().path : l1 ? l1->choose().path : mlp->choose().path);
+        const char* check = same && loop_ok ? "ok" : "FAIL";
         if (parts_timed) {
-          std::printf("%-13s %6lld %-13s | %9.4f %9.4f %9.4f %9.4f %9.4f | %7.3f %7.2f | %5s | %s\n", model.name,
-                      (long long)tokens, moe_routing_name(pattern), u, f, c, k, std::max(c, k), u / f, overlap,
-                      same ? "ok" : "FAIL", auto_path.c_str());
+          std::printf("%-13s %6lld %-13s | %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f | %7.3f %7.3f %7.2f | %8.1e %5s | %s\n",
+                      model.name, (long long)tokens, moe_routing_name(pattern), u, b, f, c, k, std::max(c, k), u / f,
+                      b / f, overlap, err_b, check, auto_path.c_str());
         } else {
-          std::printf("%-13s %6lld %-13s | %9.4f %9.4f %9s %9s %9s | %7.3f %7s | %5s | %s\n", model.name,
-                      (long long)tokens, moe_routing_name(pattern), u, f, "-", "-", "-", u / f, "-",
-                      same ? "ok" : "FAIL", auto_path.c_str());
+          std::printf("%-13s %6lld %-13s | %9.4f %9.4f %9.4f %9s %9s %9s | %7.3f %7.3f %7s | %8.1e %5s | %s\n",
+                      model.name, (long long)tokens, moe_routing_name(pattern), u, b, f, "-", "-", "-", u / f, b / f,
+                      "-", err_b, check, auto_path.c_str());
         }
         std::fflush(stdout);
-        all_ok = all_ok && same;
+        all_ok = all_ok && same && loop_ok;
       }
     }
   }

@@ -19,6 +19,8 @@
 //   baseline (a)     the three AllGathers (the copy engine on virtual ranks: barrier, every rank's
 //                    rows into every rank, barrier; NCCL on peer and ipc), then the routing, a gather
 //                    of X into grouped order and the grouped GEMM on every SM of the rank
+//   baseline (b)     (a) with one cuBLAS GEMM a non-empty expert for the grouped GEMM, its sizes read
+//                    back to the host (run_expert_loop; layer 1 and the MLP alike)
 // Layer 1, MoeGemmRs (rank r: H1_r [M * topk, F_r] grouped, every token's topk_ids / topk_weights
 // [M, topk] (the same on every rank), W2_r [experts, H, F_r]; C_r [M_r, H] = its tokens' rows of
 // Σ_s P_s, P_s = the top-k reduce of H1_s · W2_s[e]ᵀ):
@@ -89,6 +91,12 @@ class MoeAgGemm {
   void run_unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                    const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                    const std::vector<void*>& out);
+  // Baseline (b): baseline (a) with one cuBLAS GEMM a non-empty expert instead of the grouped GEMM
+  // (each rank's expert sizes read back to the host first: eager calls only). The same rows as
+  // run(), within cuBLAS's rounding.
+  void run_expert_loop(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                       const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                       const std::vector<void*>& out);
   PathChoice choose(OpPath requested = OpPath::kAuto) const;
   void run_auto(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                 const std::vector<const float*>& weights, const std::vector<const void*>& w1,
@@ -113,6 +121,10 @@ class MoeAgGemm {
                   const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                   const std::vector<void*>& out) const;
   void enqueue_grouped(int r, const void* w1, void* out, bool hooked, cudaStream_t stream);
+  // Baseline (a), or (b) with expert_loop_gemm.
+  void unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+               const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+               const std::vector<void*>& out, bool expert_loop_gemm);
   // World 1: cuda::MoeLayer alone on `path`, the routing kept for gathered_ids()/gathered_weights().
   void world1(const void* x, const int32_t* ids, const float* weights, const void* w1, void* out, MoePath path);
   // The fused call's programs on rank r: the AllGathers (rank's stream), the routing and the
@@ -124,6 +136,7 @@ class MoeAgGemm {
   std::vector<MoeAgGemmPlan> plans_;
   std::vector<std::unique_ptr<MoeLayer>> layers_;  // per local rank, over all M tokens
   std::unique_ptr<detail::FusedRuntime> rt_;
+  std::vector<int64_t> loop_offsets_;  // baseline (b): an expert loop's sizes on the host
 };
 
 class MoeGemmRs {
@@ -144,6 +157,10 @@ class MoeGemmRs {
   void run_unfused(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
                    const std::vector<const float*>& weights, const std::vector<const void*>& w2,
                    const std::vector<void*>& c);
+  // Baseline (b), as MoeAgGemm's: the per-expert cuBLAS loop for the grouped GEMM (eager only).
+  void run_expert_loop(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+                       const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+                       const std::vector<void*>& c);
   PathChoice choose(OpPath requested = OpPath::kAuto) const;
   void run_auto(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
                 const std::vector<const float*>& weights, const std::vector<const void*>& w2,
@@ -167,13 +184,18 @@ class MoeGemmRs {
                   const std::vector<void*>& c) const;
   // Rank r's routing, grouped GEMM into Y and top-k reduce into the partial, on `stream`; fused:
   // the GEMM on gemm_sms(r) and each reduce tile announced with the call's epoch.
+  // expert_loop_gemm: baseline (b)'s per-expert cuBLAS GEMMs (unfused only).
   void enqueue_partial(int r, const void* h1, const int32_t* ids, const float* weights, const void* w2,
-                       bool fused, cudaStream_t stream);
+                       bool fused, cudaStream_t stream, bool expert_loop_gemm = false);
+  void unfused(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
+               const std::vector<const float*>& weights, const std::vector<const void*>& w2,
+               const std::vector<void*>& c, bool expert_loop_gemm);
 
   World& world_;
   std::vector<MoeGemmRsPlan> plans_;
   std::vector<std::unique_ptr<MoeLayer>> layers_;
   std::unique_ptr<detail::FusedRuntime> rt_;
+  std::vector<int64_t> loop_offsets_;  // baseline (b): an expert loop's sizes on the host
 };
 
 class MoeMlp {
@@ -192,6 +214,10 @@ class MoeMlp {
   void run_unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                    const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                    const std::vector<const void*>& w2, const std::vector<void*>& out);
+  // Baseline (b): both layers' per-expert cuBLAS loops, the same activation (eager only).
+  void run_expert_loop(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
+                       const std::vector<const float*>& weights, const std::vector<const void*>& w1,
+                       const std::vector<const void*>& w2, const std::vector<void*>& out);
   PathChoice choose(OpPath requested = OpPath::kAuto) const;
   void run_auto(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                 const std::vector<const float*>& weights, const std::vector<const void*>& w1,
@@ -204,7 +230,8 @@ class MoeMlp {
  private:
   void call(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
             const std::vector<const float*>& weights, const std::vector<const void*>& w1,
-            const std::vector<const void*>& w2, const std::vector<void*>& out, bool fused);
+            const std::vector<const void*>& w2, const std::vector<void*>& out, bool fused,
+            bool expert_loop_gemm = false);
 
   World& world_;
   MoeAgGemm layer0_;
