@@ -246,6 +246,12 @@ std::vector<int64_t> check_tensor(const Operand& x, const std::string& what, int
   return e;
 }
 
+std::string shape_text(const std::vector<int64_t>& e) {
+  std::string t = "[";
+  for (size_t i = 0; i < e.size(); ++i) t += (i ? ", " : "") + std::to_string(e[i]);
+  return t + "]";
+}
+
 // Refuses outputs that share memory with each other or with an input: ranks write them concurrently,
 // and the fused op reads its inputs while others' outputs fill. A named list of operands (one per
 // rank) with its element size.
@@ -417,27 +423,35 @@ class World {
 
   // Sequence-parallel attention (op "sp_attn" or "ring_attn") on every rank of this process: q[r]
   // [B, S_r, Hq, D], k[r] and v[r] [B, S_r, Hkv, D], out[r] like q[r], lse[r] float32 [B, S_r, Hq]
-  // (or lse None: not written; the CPU backend then keeps its own). Returns the path (1 fused, 2
+  // (or lse None: not written; the CPU backend then keeps its own). A process world: this rank's
+  // (lists of one), the ranks' S_r exchanged (exchange_problem). Returns the path (1 fused, 2
   // unfused).
   int attention(const std::string& op, nb::handle q_seq, nb::handle k_seq, nb::handle v_seq, nb::handle o_seq,
                 nb::handle lse_seq, bool causal, const std::string& shard, const std::string& path, uintptr_t stream) {
+    return guarded([&] { return attention_here(op, q_seq, k_seq, v_seq, o_seq, lse_seq, causal, shard, path, stream); });
+  }
+
+  int attention_here(const std::string& op, nb::handle q_seq, nb::handle k_seq, nb::handle v_seq, nb::handle o_seq,
+                     nb::handle lse_seq, bool causal, const std::string& shard, const std::string& path,
+                     uintptr_t stream) {
     require_open();
     if (op != "sp_attn" && op != "ring_attn")
       throw nb::value_error(("the attention ops are 'sp_attn' and 'ring_attn', got '" + op + "'").c_str());
-    if (process_)
-      throw Error(op + ": the attention ops run on worlds of one process (tilelink.virtual), not over processes yet");
-    const int W = local_;
-    const std::vector<Operand> q = operands_of(q_seq, "q", W, false, false, true);
-    const std::vector<Operand> k = operands_of(k_seq, "k", W, false, false, true);
-    const std::vector<Operand> v = operands_of(v_seq, "v", W, false, false, true);
-    const std::vector<Operand> o = operands_of(o_seq, "out", W, true, false, true);
+    const int L = local_, W = size_;
+    const bool ix = indexed();
+    auto name = [&](const char* list, int i) { return label(list, i, ix); };
+    const std::vector<Operand> q = operands_of(q_seq, "q", L, false, false, ix);
+    const std::vector<Operand> k = operands_of(k_seq, "k", L, false, false, ix);
+    const std::vector<Operand> v = operands_of(v_seq, "v", L, false, false, ix);
+    const std::vector<Operand> o = operands_of(o_seq, "out", L, true, false, ix);
     const bool has_lse = !lse_seq.is_none();
-    const std::vector<Operand> l = has_lse ? operands_of(lse_seq, "lse", W, true, false, true) : std::vector<Operand>{};
+    const std::vector<Operand> l = has_lse ? operands_of(lse_seq, "lse", L, true, false, ix) : std::vector<Operand>{};
+    const std::string q0 = name("q", 0);
     if (!q[0].known_dtype)
-      throw nb::type_error(("q[0] has dtype " + q[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
+      throw nb::type_error((q0 + " has dtype " + q[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
     const DType dtype = q[0].dtype;
     if (cuda_ && dtype == DType::kF32)
-      throw nb::type_error((op + " on the CUDA backend takes bfloat16 or float16; q[0] is float32").c_str());
+      throw nb::type_error((op + " on the CUDA backend takes bfloat16 or float16; " + q0 + " is float32").c_str());
     SpAttnShape s;
     s.causal = causal;
     if (shard != "contiguous" && shard != "zigzag")
@@ -446,59 +460,70 @@ class World {
     OpPath op_path;
     if (!parse_op_path(path, &op_path))
       throw nb::value_error(("path must be 'auto', 'fused' or 'unfused', got '" + path + "'").c_str());
-    std::vector<int64_t> rows(W);
+    std::vector<int64_t> rows(W);  // S_r by rank
     std::vector<const void*> pq(W), pk(W), pv(W);
     std::vector<void*> po(W);
     std::vector<float*> pl(W, nullptr);
-    for (int r = 0; r < W; ++r) {
-      const std::vector<int64_t> eq = check_tensor(q[r], at("q", r), 4, device_type(), device_, dtype, "q[0] has");
-      const std::vector<int64_t> ek = check_tensor(k[r], at("k", r), 4, device_type(), device_, dtype, "q[0] has");
-      const std::vector<int64_t> ev = check_tensor(v[r], at("v", r), 4, device_type(), device_, dtype, "q[0] has");
-      const std::vector<int64_t> eo = check_tensor(o[r], at("out", r), 4, device_type(), device_, dtype, "q[0] has");
-      if (r == 0) s.batch = static_cast<int>(eq[0]), s.heads_q = static_cast<int>(eq[2]), s.head_dim = eq[3];
-      if (r == 0) s.heads_kv = static_cast<int>(ek[2]);
-      auto shape_text = [](const std::vector<int64_t>& e) {
-        std::string t = "[";
-        for (size_t i = 0; i < e.size(); ++i) t += (i ? ", " : "") + std::to_string(e[i]);
-        return t + "]";
-      };
+    const std::string has = q0 + " has";
+    for (int i = 0; i < L; ++i) {
+      const int r = rank_of(i);
+      const std::vector<int64_t> eq = check_tensor(q[i], name("q", i), 4, device_type(), device_, dtype, has);
+      const std::vector<int64_t> ek = check_tensor(k[i], name("k", i), 4, device_type(), device_, dtype, has);
+      const std::vector<int64_t> ev = check_tensor(v[i], name("v", i), 4, device_type(), device_, dtype, has);
+      const std::vector<int64_t> eo = check_tensor(o[i], name("out", i), 4, device_type(), device_, dtype, has);
+      if (i == 0) s.batch = static_cast<int>(eq[0]), s.heads_q = static_cast<int>(eq[2]), s.head_dim = eq[3];
+      if (i == 0) s.heads_kv = static_cast<int>(ek[2]);
       rows[r] = eq[1];
       const std::vector<int64_t> want_q{s.batch, rows[r], s.heads_q, s.head_dim};
       const std::vector<int64_t> want_kv{s.batch, rows[r], s.heads_kv, s.head_dim};
       if (eq != want_q)
-        throw nb::value_error((at("q", r) + " is " + shape_text(eq) + "; q[0] makes it [" + std::to_string(s.batch) +
-                               ", S_r, " + std::to_string(s.heads_q) + ", " + std::to_string(s.head_dim) + "]")
+        throw nb::value_error((name("q", i) + " is " + shape_text(eq) + "; " + q0 + " makes it [" +
+                               std::to_string(s.batch) + ", S_r, " + std::to_string(s.heads_q) + ", " +
+                               std::to_string(s.head_dim) + "]")
                                   .c_str());
-      if (ek != want_kv) throw nb::value_error((at("k", r) + " is " + shape_text(ek) + ", not " + shape_text(want_kv)).c_str());
-      if (ev != want_kv) throw nb::value_error((at("v", r) + " is " + shape_text(ev) + ", not " + shape_text(want_kv)).c_str());
-      if (eo != want_q) throw nb::value_error((at("out", r) + " is " + shape_text(eo) + ", not " + shape_text(want_q)).c_str());
+      if (ek != want_kv) throw nb::value_error((name("k", i) + " is " + shape_text(ek) + ", not " + shape_text(want_kv)).c_str());
+      if (ev != want_kv) throw nb::value_error((name("v", i) + " is " + shape_text(ev) + ", not " + shape_text(want_kv)).c_str());
+      if (eo != want_q) throw nb::value_error((name("out", i) + " is " + shape_text(eo) + ", not " + shape_text(want_q)).c_str());
       if (has_lse) {
-        const std::vector<int64_t> el = check_tensor(l[r], at("lse", r), 3, device_type(), device_, DType::kF32, "lse must be");
+        const std::vector<int64_t> el = check_tensor(l[i], name("lse", i), 3, device_type(), device_, DType::kF32, "lse must be");
         const std::vector<int64_t> want_l{s.batch, rows[r], s.heads_q};
-        if (el != want_l) throw nb::value_error((at("lse", r) + " is " + shape_text(el) + ", not " + shape_text(want_l)).c_str());
-        pl[r] = static_cast<float*>(const_cast<void*>(l[r].data));
+        if (el != want_l) throw nb::value_error((name("lse", i) + " is " + shape_text(el) + ", not " + shape_text(want_l)).c_str());
+        pl[r] = static_cast<float*>(const_cast<void*>(l[i].data));
       }
-      pq[r] = q[r].data, pk[r] = k[r].data, pv[r] = v[r].data, po[r] = const_cast<void*>(o[r].data);
+      pq[r] = q[i].data, pk[r] = k[i].data, pv[r] = v[i].data, po[r] = const_cast<void*>(o[i].data);
     }
     const int eb = dtype_size(dtype);
     std::vector<OperandList> outputs{{"out", &o, eb}};
     if (has_lse) outputs.push_back({"lse", &l, 4});
-    check_no_overlap({{"q", &q, eb}, {"k", &k, eb}, {"v", &v, eb}}, outputs, true);
+    check_no_overlap({{"q", &q, eb}, {"k", &k, eb}, {"v", &v, eb}}, outputs, ix);
+    if (!ix) {  // every rank's S_r, and the rest of the problem agreed
+      const std::vector<std::vector<int64_t>> all = exchange_problem(
+          op,
+          {{"dtype", static_cast<int64_t>(dtype)}, {"path", static_cast<int64_t>(op_path)}, {"causal", causal},
+           {"shard", static_cast<int64_t>(s.shard)}, {"batch", s.batch}, {"heads", s.heads_q},
+           {"kv_heads", s.heads_kv}, {"head_dim", s.head_dim}},
+          {rows[rank_]});
+      for (int r = 0; r < W; ++r) rows[r] = all[r][0];
+    }
     for (int64_t n : rows) s.seq += n;
-    if (s.seq < 1) throw nb::value_error((op + ": the ranks hold no position (every q[r] has S_r = 0)").c_str());
+    if (s.seq < 1) throw nb::value_error((op + ": the ranks hold no position (every S_r is 0)").c_str());
     SeqSharding sharding;
-    try {  // the sharding and the shape checked by name: a ValueError
+    try {  // the sharding and the shape checked by name: a ValueError (every rank alike)
       sharding = SeqSharding::make(s.shard, s.seq, W, s.shard == SeqShard::kContiguous ? rows : std::vector<int64_t>{});
       SpAttnPlan::make(0, s, sharding, dtype, {});
     } catch (const Error& e) {
+      agreed_refusal_ = !ix;
       throw nb::value_error(e.what());
     }
     for (int r = 0; r < W; ++r)
-      if (sharding.rows.size(r) != rows[r])
-        throw nb::value_error((at("q", r) + " holds " + std::to_string(rows[r]) + " positions; zigzag shards of S = " +
-                               std::to_string(s.seq) + " over " + std::to_string(W) + " ranks give rank " +
-                               std::to_string(r) + " " + std::to_string(sharding.rows.size(r)))
+      if (sharding.rows.size(r) != rows[r]) {
+        agreed_refusal_ = !ix;
+        throw nb::value_error((label("q", r, ix || r != rank_) + " holds " + std::to_string(rows[r]) +
+                               " positions; zigzag shards of S = " + std::to_string(s.seq) + " over " +
+                               std::to_string(W) + " ranks give rank " + std::to_string(r) + " " +
+                               std::to_string(sharding.rows.size(r)))
                                   .c_str());
+      }
     const bool ring = op == "ring_attn";
     if (cuda_) {
       PathChoice choice;
@@ -532,29 +557,35 @@ class World {
   //                out [M_r, H] (its rows give the token split)
   //   moe_mlp      a = X_r [M_r, H], ids / weights [M_r, topk], w1 [E, 2 F_r, H], w2 [E, H, F_r],
   //                out [M_r, H]
-  // ids int32, weights float32; w1 None for layer 1, w2 None for layer 0. Returns the path (1 fused,
-  // 2 unfused).
+  // ids int32, weights float32; w1 None for layer 1, w2 None for layer 0. A process world: this
+  // rank's (lists of one), the ranks' M_r and F_r exchanged (exchange_problem). Returns the path
+  // (1 fused, 2 unfused).
   int moe(const std::string& op, nb::handle a_seq, nb::handle ids_seq, nb::handle weights_seq, nb::handle w1_seq,
           nb::handle w2_seq, nb::handle out_seq, const std::string& path, uintptr_t stream) {
+    return guarded([&] { return moe_here(op, a_seq, ids_seq, weights_seq, w1_seq, w2_seq, out_seq, path, stream); });
+  }
+
+  int moe_here(const std::string& op, nb::handle a_seq, nb::handle ids_seq, nb::handle weights_seq, nb::handle w1_seq,
+               nb::handle w2_seq, nb::handle out_seq, const std::string& path, uintptr_t stream) {
     require_open();
     MoeCall call;
     if (op == "moe_ag_gemm") call.op = MoeOp::kAgGemm;
     else if (op == "moe_gemm_rs") call.op = MoeOp::kGemmRs;
     else if (op == "moe_mlp") call.op = MoeOp::kMlp;
     else throw nb::value_error(("the MoE ops are 'moe_ag_gemm', 'moe_gemm_rs' and 'moe_mlp', got '" + op + "'").c_str());
-    if (process_)
-      throw Error(op + ": the MoE ops run on worlds of one process (tilelink.virtual), not over processes yet");
-    const int W = local_;
+    const int L = local_, W = size_;
+    const bool ix = indexed();
+    auto name = [&](const char* list, int i) { return label(list, i, ix); };
     const bool layer1 = call.op == MoeOp::kGemmRs;
     const bool has_w1 = call.op != MoeOp::kGemmRs, has_w2 = call.op != MoeOp::kAgGemm;
     const char* a_name = layer1 ? "h1" : "x";
-    const std::vector<Operand> a = operands_of(a_seq, a_name, W, false, false, true);
-    const std::vector<Operand> ids = operands_of(ids_seq, "topk_ids", W, false, false, true);
-    const std::vector<Operand> wts = operands_of(weights_seq, "topk_weights", W, false, false, true);
-    const std::vector<Operand> w1 = has_w1 ? operands_of(w1_seq, "w1", W, false, false, true) : std::vector<Operand>{};
-    const std::vector<Operand> w2 = has_w2 ? operands_of(w2_seq, "w2", W, false, false, true) : std::vector<Operand>{};
-    const std::vector<Operand> o = operands_of(out_seq, "out", W, true, false, true);
-    const std::string first = at(a_name, 0);
+    const std::vector<Operand> a = operands_of(a_seq, a_name, L, false, false, ix);
+    const std::vector<Operand> ids = operands_of(ids_seq, "topk_ids", L, false, false, ix);
+    const std::vector<Operand> wts = operands_of(weights_seq, "topk_weights", L, false, false, ix);
+    const std::vector<Operand> w1 = has_w1 ? operands_of(w1_seq, "w1", L, false, false, ix) : std::vector<Operand>{};
+    const std::vector<Operand> w2 = has_w2 ? operands_of(w2_seq, "w2", L, false, false, ix) : std::vector<Operand>{};
+    const std::vector<Operand> o = operands_of(out_seq, "out", L, true, false, ix);
+    const std::string first = name(a_name, 0);
     if (!a[0].known_dtype)
       throw nb::type_error((first + " has dtype " + a[0].dtype_text + "; tilelink takes float32, float16 or bfloat16").c_str());
     call.dtype = a[0].dtype;
@@ -567,98 +598,117 @@ class World {
                       const char* from = nullptr) {
       return check_tensor(x, what, ndim, device_type(), device_, dtype, from ? std::string(from) : has, int32);
     };
-    auto shape_text = [](const std::vector<int64_t>& e) {
-      std::string t = "[";
-      for (size_t i = 0; i < e.size(); ++i) t += (i ? ", " : "") + std::to_string(e[i]);
-      return t + "]";
-    };
     auto expect = [&](const std::vector<int64_t>& got, const std::vector<int64_t>& want, const std::string& what,
                       const std::string& why) {
       if (got != want)
         throw nb::value_error((what + " is " + shape_text(got) + ", not " + shape_text(want) + " (" + why + ")").c_str());
     };
-    // The problem's extents from rank 0's operands, then every rank checked against them.
+    // The problem's extents from the first operands here, then every local rank checked against them.
     const std::vector<int64_t> a0 = tensor(a[0], first, 2, call.dtype);
-    const std::vector<int64_t> ids0 = tensor(ids[0], "topk_ids[0]", 2, call.dtype, true);
+    const std::vector<int64_t> ids0 = tensor(ids[0], name("topk_ids", 0), 2, call.dtype, true);
     call.topk = static_cast<int>(ids0[1]);
-    if (call.topk < 1) throw nb::value_error("topk_ids[0] has no column: topk must be at least 1");
-    const std::vector<int64_t> wlead = has_w1 ? tensor(w1[0], "w1[0]", 3, call.dtype) : tensor(w2[0], "w2[0]", 3, call.dtype);
+    if (call.topk < 1) throw nb::value_error((name("topk_ids", 0) + " has no column: topk must be at least 1").c_str());
+    const std::string wname = name(has_w1 ? "w1" : "w2", 0);
+    const std::vector<int64_t> wlead = tensor(has_w1 ? w1[0] : w2[0], wname, 3, call.dtype);
     call.experts = static_cast<int>(wlead[0]);
-    if (call.experts < 1) throw nb::value_error(has_w1 ? "w1[0] holds no expert" : "w2[0] holds no expert");
+    if (call.experts < 1) throw nb::value_error((wname + " holds no expert").c_str());
     call.hidden = layer1 ? wlead[1] : a0[1];
-    std::vector<int64_t> rows(W);
-    int64_t tokens = layer1 ? ids0[0] : 0;
+    std::vector<int64_t> rows(W, 0);  // M_r by rank
+    int64_t tokens = layer1 ? ids0[0] : 0;  // layer 1: every token's routing; else the sum of the M_r
     call.ffn.assign(W, 0);
     MoeOperands ptr;
-    for (int r = 0; r < W; ++r) {
-      const std::vector<int64_t> ea = tensor(a[r], at(a_name, r), 2, call.dtype);
-      const std::vector<int64_t> ei = tensor(ids[r], at("topk_ids", r), 2, call.dtype, true);
+    for (auto* v : {&ptr.a, &ptr.w1, &ptr.w2}) v->assign(W, nullptr);
+    ptr.ids.assign(W, nullptr), ptr.weights.assign(W, nullptr), ptr.out.assign(W, nullptr);
+    for (int i = 0; i < L; ++i) {
+      const int r = rank_of(i);
+      const std::vector<int64_t> ea = tensor(a[i], name(a_name, i), 2, call.dtype);
+      const std::vector<int64_t> ei = tensor(ids[i], name("topk_ids", i), 2, call.dtype, true);
       const std::vector<int64_t> ew =
-          tensor(wts[r], at("topk_weights", r), 2, DType::kF32, false, "topk_weights must be");
-      const std::vector<int64_t> eo = tensor(o[r], at("out", r), 2, call.dtype);
+          tensor(wts[i], name("topk_weights", i), 2, DType::kF32, false, "topk_weights must be");
+      const std::vector<int64_t> eo = tensor(o[i], name("out", i), 2, call.dtype);
       const int64_t routed = layer1 ? tokens : ea[0];  // the rows of ids and weights
-      if (!layer1) rows[r] = ea[0], tokens += ea[0];
-      else rows[r] = eo[0];
-      expect(ei, {routed, call.topk}, at("topk_ids", r),
-             layer1 ? "every token's routing on every rank, as topk_ids[0]" : std::string(a_name) + "[r]'s tokens by topk_ids[0]'s topk");
-      expect(ew, {routed, call.topk}, at("topk_weights", r), "as topk_ids[r]");
+      rows[r] = layer1 ? eo[0] : ea[0];
+      if (!layer1) tokens += ea[0];
+      expect(ei, {routed, call.topk}, name("topk_ids", i),
+             layer1 ? "every token's routing on every rank" : std::string(a_name) + "'s tokens by topk");
+      expect(ew, {routed, call.topk}, name("topk_weights", i), "as topk_ids");
       if (has_w1) {
-        const std::vector<int64_t> e1 = tensor(w1[r], at("w1", r), 3, call.dtype);
+        const std::vector<int64_t> e1 = tensor(w1[i], name("w1", i), 3, call.dtype);
         const int64_t f2 = call.op == MoeOp::kMlp ? 2 : 1;
         if (e1[0] != call.experts || e1[2] != call.hidden || e1[1] % f2 != 0)
-          throw nb::value_error((at("w1", r) + " is " + shape_text(e1) + "; it must be [" + std::to_string(call.experts) +
-                                 (f2 == 2 ? ", 2 F_r, " : ", F_r, ") + std::to_string(call.hidden) + "]")
+          throw nb::value_error((name("w1", i) + " is " + shape_text(e1) + "; it must be [" +
+                                 std::to_string(call.experts) + (f2 == 2 ? ", 2 F_r, " : ", F_r, ") +
+                                 std::to_string(call.hidden) + "]")
                                     .c_str());
         call.ffn[r] = e1[1] / f2;
       }
       if (has_w2) {
-        const std::vector<int64_t> e2 = tensor(w2[r], at("w2", r), 3, call.dtype);
+        const std::vector<int64_t> e2 = tensor(w2[i], name("w2", i), 3, call.dtype);
         if (!has_w1) call.ffn[r] = e2[2];
-        expect(e2, {call.experts, call.hidden, call.ffn[r]}, at("w2", r),
-               has_w1 ? "experts and H of x, F_r of w1[r]" : "experts and H of w2[0], F_r its last extent");
+        expect(e2, {call.experts, call.hidden, call.ffn[r]}, name("w2", i),
+               has_w1 ? "experts and H of x, F_r of w1" : "experts and H of the first w2, F_r its last extent");
       }
       if (call.ffn[r] < 1) throw nb::value_error((op + ": rank " + std::to_string(r) + " holds F_r = 0 columns").c_str());
-      if (layer1) expect(ea, {tokens * call.topk, call.ffn[r]}, at(a_name, r), "M * topk grouped rows, F_r of w2[r]");
-      ptr.a.push_back(a[r].data);
-      ptr.ids.push_back(static_cast<const int32_t*>(ids[r].data));
-      ptr.weights.push_back(static_cast<const float*>(wts[r].data));
-      ptr.w1.push_back(has_w1 ? w1[r].data : nullptr);
-      ptr.w2.push_back(has_w2 ? w2[r].data : nullptr);
-      ptr.out.push_back(const_cast<void*>(o[r].data));
+      if (layer1) expect(ea, {tokens * call.topk, call.ffn[r]}, name(a_name, i), "M * topk grouped rows, F_r of w2");
+      if (call.op == MoeOp::kMlp) expect(eo, {rows[r], call.hidden}, name("out", i), "x's tokens, H");
+      else if (layer1 && eo[1] != call.hidden)
+        throw nb::value_error((name("out", i) + " is " + shape_text(eo) + "; it must be [M_r, " +
+                               std::to_string(call.hidden) + "]").c_str());
+      ptr.a[r] = a[i].data;
+      ptr.ids[r] = static_cast<const int32_t*>(ids[i].data);
+      ptr.weights[r] = static_cast<const float*>(wts[i].data);
+      ptr.w1[r] = has_w1 ? w1[i].data : nullptr;
+      ptr.w2[r] = has_w2 ? w2[i].data : nullptr;
+      ptr.out[r] = const_cast<void*>(o[i].data);
     }
-    for (int r = 0; r < W; ++r) {
-      const std::vector<int64_t> eo = tensor(o[r], at("out", r), 2, call.dtype);
-      if (call.op == MoeOp::kAgGemm) expect(eo, {tokens * call.topk, call.ffn[r]}, at("out", r), "M * topk grouped rows, F_r");
-      else if (call.op == MoeOp::kMlp) expect(eo, {rows[r], call.hidden}, at("out", r), "x[r]'s tokens, H");
-      else if (eo[1] != call.hidden)
-        throw nb::value_error((at("out", r) + " is " + shape_text(eo) + "; it must be [M_r, " + std::to_string(call.hidden) + "]").c_str());
+    if (!ix) {  // every rank's M_r and F_r, and the rest of the problem agreed
+      const std::vector<std::vector<int64_t>> all = exchange_problem(
+          op,
+          {{"dtype", static_cast<int64_t>(call.dtype)}, {"path", static_cast<int64_t>(call.path)},
+           {"hidden", call.hidden}, {"experts", call.experts}, {"topk", call.topk},
+           {"tokens", layer1 ? tokens : 0}},
+          {rows[rank_], call.ffn[rank_]});
+      if (!layer1) tokens = 0;
+      for (int r = 0; r < W; ++r) {
+        rows[r] = all[r][0], call.ffn[r] = all[r][1];
+        if (!layer1) tokens += rows[r];
+      }
     }
+    if (call.op == MoeOp::kAgGemm)
+      for (int i = 0; i < L; ++i) {
+        const int r = rank_of(i);
+        expect(tensor(o[i], name("out", i), 2, call.dtype), {tokens * call.topk, call.ffn[r]}, name("out", i),
+               "M * topk grouped rows, F_r");
+      }
+    auto agreed = [&](const std::string& what) {  // a refusal every rank of a process world makes alike
+      agreed_refusal_ = !ix;
+      return nb::value_error(what.c_str());
+    };
     if (layer1) {
       int64_t split = 0;
       for (int64_t n : rows) split += n;
       if (split != tokens)
-        throw nb::value_error((op + ": the out[r] hold " + std::to_string(split) + " rows in all, topk_ids[0] routes " +
-                               std::to_string(tokens) + " tokens")
-                                  .c_str());
+        throw agreed(op + ": the outputs hold " + std::to_string(split) + " rows in all, the routing has " +
+                     std::to_string(tokens) + " tokens");
     }
-    if (tokens < 1) throw nb::value_error((op + ": the ranks hold no token").c_str());
+    if (tokens < 1) throw agreed(op + ": the ranks hold no token");
     if (call.topk > call.experts)
-      throw nb::value_error((op + ": topk = " + std::to_string(call.topk) + " is more than the " +
-                             std::to_string(call.experts) + " experts").c_str());
+      throw agreed(op + ": topk = " + std::to_string(call.topk) + " is more than the " + std::to_string(call.experts) +
+                   " experts");
     if (cuda_) {  // the CUDA layers' limits (ops/moe_ops_cuda.hpp), refused here by name
-      if (W > 32) throw nb::value_error((op + ": at most 32 ranks on the CUDA backend").c_str());
+      if (W > 32) throw agreed(op + ": at most 32 ranks on the CUDA backend");
       if (call.hidden % 8 != 0)
-        throw nb::value_error((op + ": H = " + std::to_string(call.hidden) + " must be a multiple of 8 on the CUDA backend").c_str());
+        throw agreed(op + ": H = " + std::to_string(call.hidden) + " must be a multiple of 8 on the CUDA backend");
       for (int r = 0; r < W; ++r)
         if (call.ffn[r] % 8 != 0)
-          throw nb::value_error((op + ": F_" + std::to_string(r) + " = " + std::to_string(call.ffn[r]) +
-                                 " must be a multiple of 8 on the CUDA backend").c_str());
+          throw agreed(op + ": F_" + std::to_string(r) + " = " + std::to_string(call.ffn[r]) +
+                       " must be a multiple of 8 on the CUDA backend");
     }
     const int eb = dtype_size(call.dtype);
     std::vector<OperandList> inputs{{a_name, &a, eb}, {"topk_ids", &ids, 4}, {"topk_weights", &wts, 4}};
     if (has_w1) inputs.push_back({"w1", &w1, eb});
     if (has_w2) inputs.push_back({"w2", &w2, eb});
-    check_no_overlap(inputs, {{"out", &o, eb}}, true);
+    check_no_overlap(inputs, {{"out", &o, eb}}, ix);
     call.tokens = RowPartition::from_counts(rows);
     if (cuda_) {
       PathChoice choice;
@@ -916,6 +966,48 @@ class World {
     for (int r = 0; r < size_; ++r) ea->push_back(it->second[2 * r]), eb->push_back(it->second[2 * r + 1]);
   }
 
+  // A process world, the ops outside the registry (attention, MoE): every rank's `own` values
+  // (this rank's given; at most kOwn), exchanged once per local problem and kept. `agreed` (at most
+  // kAgreed named fields) must be the same on every rank: a rank that differs, or calls another
+  // op, is refused on every rank alike, naming the rank and the field.
+  std::vector<std::vector<int64_t>> exchange_problem(const std::string& op,
+                                                     const std::vector<std::pair<const char*, int64_t>>& agreed,
+                                                     const std::vector<int64_t>& own) {
+    static constexpr int kAgreed = 15, kOwn = 8;
+    struct Share {
+      int64_t op, agreed[kAgreed], own[kOwn];
+    };
+    TL_REQUIRE(agreed.size() <= kAgreed && own.size() <= kOwn, op << ": internal: too many exchanged fields");
+    Share mine{};
+    mine.op = static_cast<int64_t>(fnv1a(op) >> 1);
+    for (size_t f = 0; f < agreed.size(); ++f) mine.agreed[f] = agreed[f].second;
+    for (size_t f = 0; f < own.size(); ++f) mine.own[f] = own[f];
+    const std::string key = "problem " + std::string(reinterpret_cast<const char*>(&mine), sizeof(mine));
+    auto it = problems_.find(key);
+    if (it == problems_.end()) {
+      std::vector<Share> all(size_);
+      boot_->allgather(&mine, all.data(), sizeof(Share), timeout_,
+                       op + ": the exchange of the ranks' shapes (is every rank calling " + op + "?)");
+      for (int r = 0; r < size_; ++r) {
+        const char* field = all[r].op != mine.op ? "op" : nullptr;
+        for (size_t f = 0; f < agreed.size() && !field; ++f)
+          if (all[r].agreed[f] != mine.agreed[f]) field = agreed[f].first;
+        if (field) {
+          agreed_refusal_ = true;
+          throw nb::value_error((op + ": rank " + std::to_string(r) + " calls with another " + field + " than rank " +
+                                 std::to_string(rank_) + " (every rank must make the same call, each with its own "
+                                 "operands)")
+                                    .c_str());
+        }
+      }
+      if (problems_.size() >= kMaxMadeOps) problems_.clear();
+      std::vector<std::vector<int64_t>> values;
+      for (const Share& sh : all) values.emplace_back(sh.own, sh.own + own.size());
+      it = problems_.emplace(key, std::move(values)).first;
+    }
+    return it->second;
+  }
+
   cli::CpuOpRun& cpu_op(const cli::OpSpec& spec, const cli::OpProblem& p) {
     const std::string key = cli::describe(p);
     auto it = cpu_ops_.find(key);
@@ -987,6 +1079,7 @@ class World {
   std::map<std::string, CpuAttn> cpu_attn_;
   std::map<std::string, CpuMoe> cpu_moe_;
   std::map<std::string, std::vector<cli::Extent2>> peers_;  // a process world: local problem -> every rank's extents
+  std::map<std::string, std::vector<std::vector<int64_t>>> problems_;  // likewise for exchange_problem
 };
 
 }  // namespace

@@ -21,8 +21,9 @@ returns one output per rank, allocated like the inputs (or written into ``out``)
 
 Every registered op is a method (``tilelink.ops()`` lists them): ``ag_gemm`` (AllGather + GEMM,
 N split), ``gemm_rs`` (GEMM + ReduceScatter, K split) and ``gemm_ar`` (GEMM + AllReduce, K split).
-A world of one process also runs sequence-parallel attention (``sp_attn``, ``ring_attn``) and the
-tensor-parallel MoE layers (``moe_mlp``, and its two layers ``moe_ag_gemm`` and ``moe_gemm_rs``).
+A world also runs sequence-parallel attention (``sp_attn``, ``ring_attn``) and the tensor-parallel
+MoE layers (``moe_mlp``, and its two layers ``moe_ag_gemm`` and ``moe_gemm_rs``); under torchrun
+they are module-level functions as well (``tilelink.moe_mlp(x, ids, weights, w1, w2)``).
 Wrong dtypes or devices raise TypeError, shapes, strides, counts and options that do not fit raise
 ValueError, naming the argument, before anything runs; a wait that runs out of time raises
 tilelink.TimeoutError naming the op, rank, signal and tile.
@@ -41,7 +42,7 @@ from . import _tilelink
 from ._tilelink import Error, TimeoutError  # noqa: F401  (re-exported)
 
 __all__ = ["Config", "Error", "ProcessWorld", "TimeoutError", "World", "ag_gemm", "gemm_ar", "gemm_rs", "has_cuda",
-           "init", "ops", "virtual", "world"]
+           "init", "moe_ag_gemm", "moe_gemm_rs", "moe_mlp", "ops", "ring_attn", "sp_attn", "virtual", "world"]
 
 #: Whether this build holds the CUDA backend.
 has_cuda: bool = _tilelink.has_cuda
@@ -354,11 +355,16 @@ class World:
             def made() -> list:
                 tokens = int(topk_ids[0].shape[0])
                 counts = split or [tokens // world + (1 if r < tokens % world else 0) for r in range(world)]
-                return [_empty(h, (m, w.shape[1])) for h, m, w in zip(h1, counts, w2)]
+                mine = [counts[r] for r in self._ranks()]
+                return [_empty(h, (m, w.shape[1])) for h, m, w in zip(h1, mine, w2)]
             out = _allocated(made, h1, topk_ids, w2)
         elif m_split is not None:
             raise ValueError("pass m_split or out, not both (out's rows give the split)")
         return self._moe("moe_gemm_rs", h1, topk_ids, topk_weights, None, w2, path, out)
+
+    def _ranks(self) -> list:
+        """The ranks whose operands a call here takes, in order."""
+        return list(range(self.size))
 
     def _moe(self, op: str, a: Sequence[Any], ids: Sequence[Any], weights: Sequence[Any], w1: Optional[Sequence[Any]],
              w2: Optional[Sequence[Any]], path: str, out: Sequence[Any]) -> list:
@@ -452,6 +458,50 @@ class ProcessWorld(World):
 
     def config(self, op: str, a: Any, b: Any, *, config: Optional[Config] = None) -> str:
         return World.config(self, op, [a], [b], config=config)
+
+    def _ranks(self) -> list:
+        return [self.rank]
+
+    # The ops outside the registry, on this rank's operands (see World's): the first call of a
+    # shape exchanges every rank's extents (S_r; M_r and F_r) and checks that the ranks agree.
+    def sp_attn(self, q: Any, k: Any, v: Any, *, causal: bool = False, shard: str = "contiguous",
+                path: str = "auto", out: Optional[Any] = None, lse: Optional[Any] = None) -> tuple:
+        """This rank's shard of sequence-parallel attention (World.sp_attn): returns (out, lse)."""
+        o, l = World.sp_attn(self, [q], [k], [v], causal=causal, shard=shard, path=path, out=_one(out), lse=_one(lse))
+        return o[0], l[0]
+
+    def ring_attn(self, q: Any, k: Any, v: Any, *, causal: bool = False, shard: str = "contiguous",
+                  path: str = "auto", out: Optional[Any] = None, lse: Optional[Any] = None) -> tuple:
+        """This rank's shard of ring attention (World.ring_attn): returns (out, lse)."""
+        o, l = World.ring_attn(self, [q], [k], [v], causal=causal, shard=shard, path=path, out=_one(out),
+                               lse=_one(lse))
+        return o[0], l[0]
+
+    def moe_mlp(self, x: Any, topk_ids: Any, topk_weights: Any, w1: Any, w2: Any, *, path: str = "auto",
+                out: Optional[Any] = None) -> Any:
+        """The MoE layer on this rank's tokens and expert shards (World.moe_mlp): returns [M_r, H]."""
+        return World.moe_mlp(self, [x], [topk_ids], [topk_weights], [w1], [w2], path=path, out=_one(out))[0]
+
+    def moe_ag_gemm(self, x: Any, topk_ids: Any, topk_weights: Any, w1: Any, *, tokens: Optional[int] = None,
+                    path: str = "auto", out: Optional[Any] = None) -> Any:
+        """MoE layer 0 on this rank's operands (World.moe_ag_gemm): returns [M * topk, F_r]. Its rows
+        count every rank's tokens, which this rank does not see: pass tokens=M (or out=)."""
+        if out is None:
+            if tokens is None:
+                raise ValueError("moe_ag_gemm in a process world: pass tokens= (M, every rank's tokens) or out=")
+            out = _empty(x, (int(tokens) * int(topk_ids.shape[1]), w1.shape[1]))
+        return World.moe_ag_gemm(self, [x], [topk_ids], [topk_weights], [w1], path=path, out=[out])[0]
+
+    def moe_gemm_rs(self, h1: Any, topk_ids: Any, topk_weights: Any, w2: Any, *,
+                    m_split: Optional[Sequence[int]] = None, path: str = "auto", out: Optional[Any] = None) -> Any:
+        """MoE layer 1 on this rank's operands (World.moe_gemm_rs), topk_ids / topk_weights every
+        token's: returns this rank's [M_r, H]."""
+        return World.moe_gemm_rs(self, [h1], [topk_ids], [topk_weights], [w2], m_split=m_split, path=path,
+                                 out=_one(out))[0]
+
+
+def _one(x: Optional[Any]) -> Optional[list]:
+    return None if x is None else [x]
 
 
 _INIT: Optional[ProcessWorld] = None  # the world of init(), which the module-level ops use
@@ -569,6 +619,39 @@ def gemm_ar(a: Any, b: Any, *, path: str = "auto", config: Optional[Config] = No
     """GEMM + AllReduce on the world of :func:`init`: a = A_r [M, K_r], b = B_r [N, K_r]; returns
     sum_i A_i B_i^T [M, N]."""
     return world().run("gemm_ar", a, b, path=path, config=config, out=out)
+
+
+def sp_attn(q: Any, k: Any, v: Any, *, causal: bool = False, shard: str = "contiguous", path: str = "auto",
+            out: Optional[Any] = None, lse: Optional[Any] = None) -> tuple:
+    """Sequence-parallel attention on the world of :func:`init`: this rank's shard q [B, S_r, Hq, D],
+    k and v [B, S_r, Hkv, D]; returns (out, lse) of its rows (see World.sp_attn)."""
+    return world().sp_attn(q, k, v, causal=causal, shard=shard, path=path, out=out, lse=lse)
+
+
+def ring_attn(q: Any, k: Any, v: Any, *, causal: bool = False, shard: str = "contiguous", path: str = "auto",
+              out: Optional[Any] = None, lse: Optional[Any] = None) -> tuple:
+    """Ring attention on the world of :func:`init` (see World.ring_attn)."""
+    return world().ring_attn(q, k, v, causal=causal, shard=shard, path=path, out=out, lse=lse)
+
+
+def moe_mlp(x: Any, topk_ids: Any, topk_weights: Any, w1: Any, w2: Any, *, path: str = "auto",
+            out: Optional[Any] = None) -> Any:
+    """The tensor-parallel MoE layer on the world of :func:`init`: this rank's tokens x [M_r, H], their
+    routing [M_r, topk], its expert shards w1 [E, 2 F_r, H] and w2 [E, H, F_r]; returns [M_r, H]
+    (see World.moe_mlp)."""
+    return world().moe_mlp(x, topk_ids, topk_weights, w1, w2, path=path, out=out)
+
+
+def moe_ag_gemm(x: Any, topk_ids: Any, topk_weights: Any, w1: Any, *, tokens: Optional[int] = None,
+                path: str = "auto", out: Optional[Any] = None) -> Any:
+    """MoE layer 0 on the world of :func:`init` (see ProcessWorld.moe_ag_gemm)."""
+    return world().moe_ag_gemm(x, topk_ids, topk_weights, w1, tokens=tokens, path=path, out=out)
+
+
+def moe_gemm_rs(h1: Any, topk_ids: Any, topk_weights: Any, w2: Any, *, m_split: Optional[Sequence[int]] = None,
+                path: str = "auto", out: Optional[Any] = None) -> Any:
+    """MoE layer 1 on the world of :func:`init` (see ProcessWorld.moe_gemm_rs)."""
+    return world().moe_gemm_rs(h1, topk_ids, topk_weights, w2, m_split=m_split, path=path, out=out)
 
 
 def _add_op_function(name: str, summary: str) -> None:

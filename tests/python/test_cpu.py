@@ -478,7 +478,7 @@ def test_moe_refuses_bad_arguments():
     raises(tilelink.Error, "token 3", lambda: w.moe_mlp(x, bad, wts, w1, w2))
     h1 = w.moe_ag_gemm(x, ids, wts, [np.ascontiguousarray(t[:, :8 * (i + 1)]) for i, t in enumerate(w1)])
     every = np.concatenate(ids)
-    raises(ValueError, "the out[r] hold 10 rows in all, topk_ids[0] routes 11 tokens",
+    raises(ValueError, "the outputs hold 10 rows in all, the routing has 11 tokens",
            lambda: w.moe_gemm_rs(h1, [every] * 2, [np.concatenate(wts)] * 2, w2, m_split=[5, 5]))
     raises(ValueError, "h1[1] is [22, 8], not [22, 16]",
            lambda: w.moe_gemm_rs([h1[0], h1[1][:, :8].copy()], [every] * 2, [np.concatenate(wts)] * 2, w2))

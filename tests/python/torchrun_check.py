@@ -4,10 +4,11 @@
 
 Every rank builds every rank's operands from one seed (so it holds the whole float64 reference
 without communicating) and checks its own output of every registered op, fused and unfused, into
-poisoned outputs; then a CUDA-graph capture replayed on fresh inputs, the refusals of ranks that
-disagree (another option, another K) on every rank, the host time a call adds over the C++
-enqueue, and last a fault: rank 0 refuses its own operand while the others call, and their calls
-must stop, naming rank 0, long before the timeout. Ranks may share a GPU (more processes than GPUs): the ops then run correctly
+poisoned outputs; then a CUDA-graph capture replayed on fresh inputs, sequence-parallel attention
+and the MoE layers on each rank's shard, the refusals of ranks that disagree (another option,
+another K) on every rank, the host time a call adds over the C++ enqueue, and last a fault: rank 0
+refuses its own operand while the others call, and their calls must stop, naming rank 0, long
+before the timeout. Ranks may share a GPU (more processes than GPUs): the ops then run correctly
 but slowly (the GPU time-slices the processes' spinning kernels). Exits non-zero on any failure;
 rank 0 prints the summary.
 """
@@ -113,8 +114,73 @@ def stop_on_a_local_refusal(rank, size, dev):
     return float(took.item())
 
 
+def attention_and_moe(rank, size, dev):
+    """The ops outside the registry on this rank's operands: sp_attn and ring_attn (ragged
+    contiguous shards, then zigzag, causal, GQA) and the MoE layers (ragged tokens and F_r), each
+    against float64 of the whole problem, fused against unfused bit for bit."""
+    import test_cpu  # the float64 attention and MoE references, the shards' positions
+    gen = torch.Generator().manual_seed(5)
+    seq, batch, hq, hkv, d = 96 * size + 40, 1, 8, 2, 128
+    q, k, v = ((torch.rand(batch, seq, h, d, generator=gen) * 2 - 1).to(torch.bfloat16) for h in (hq, hkv, hkv))
+    want_o, want_lse = test_cpu.attention_reference(*(x.double().numpy() for x in (q, k, v)), True)
+    segments = [96 + (40 if r == 0 else 0) for r in range(size)]
+    for shard in ("contiguous", "zigzag"):
+        pos = test_cpu.shard_positions(seq, size, shard, segments)[rank]
+        mq, mk, mv = (x[:, torch.as_tensor(pos)].contiguous().to(dev) for x in (q, k, v))
+        for op in ("sp_attn", "ring_attn"):
+            got = {}
+            for path in ("fused", "unfused"):
+                out = torch.full_like(mq, float("nan"))
+                o, lse = getattr(tilelink, op)(mq, mk, mv, causal=True, shard=shard, path=path, out=out)
+                torch.cuda.synchronize()
+                tilelink.world().synchronize()
+                got[path] = o
+                err = float(np.abs(o.double().cpu().numpy() - want_o[:, pos]).max())
+                check(o is out and err < 2e-2, f"{op} {shard} {path}: max error {err:.2e} against float64")
+                lse_err = float(np.abs(lse.cpu().numpy() - want_lse[:, pos]).max())
+                check(lse_err < 2e-3, f"{op} {shard} {path}: lse error {lse_err:.2e}")
+            check(torch.equal(got["fused"], got["unfused"]), f"{op} {shard}: fused differs from unfused")
+
+    rng = np.random.default_rng(9)
+    tokens = tuple(48 + 24 * r for r in range(size))
+    ffn = tuple(64 + 32 * (r % 2) for r in range(size))
+    x, ids, wts, w1, w2 = test_cpu.moe_operands(size, rng, np.float32, tokens=tokens, hidden=256, ffn=ffn, experts=6,
+                                                topk=2, gated=True)
+    bf = [[torch.as_tensor(t).to(torch.bfloat16) for t in ts] for ts in (x, w1, w2)]
+    xr, w1r, w2r = ([t.float().numpy() for t in ts] for ts in bf)
+    all_ids, all_wts = np.concatenate(ids), np.concatenate(wts)
+    ends = np.cumsum([0] + list(tokens))
+    want = 0
+    for r in range(size):
+        gate_up = test_cpu.moe_layer0_reference(xr, all_ids, w1r[r])
+        f = ffn[r]
+        act = gate_up[:, :f] / (1 + np.exp(-gate_up[:, :f])) * gate_up[:, f:]
+        want = want + test_cpu.moe_partial_reference(act, all_ids, all_wts, w2r[r])
+    mx, mw1, mw2 = bf[0][rank].to(dev), bf[1][rank].to(dev), bf[2][rank].to(dev)
+    mids = torch.as_tensor(ids[rank], device=dev)
+    mwts = torch.as_tensor(wts[rank], device=dev)
+    got = {}
+    for path in ("fused", "unfused"):
+        out = torch.full((tokens[rank], 256), float("nan"), dtype=torch.bfloat16, device=dev)
+        got[path] = tilelink.moe_mlp(mx, mids, mwts, mw1, mw2, path=path, out=out)
+        torch.cuda.synchronize()
+        tilelink.world().synchronize()
+        err = rel_err(got[path], want[ends[rank]:ends[rank + 1]])
+        check(got[path] is out and err < 2e-2, f"moe_mlp {path}: error {err:.2e} against float64")
+    check(torch.equal(got["fused"], got["unfused"]), "moe_mlp: fused differs from unfused")
+    # the layers alone, chained
+    h1 = tilelink.moe_ag_gemm(mx, mids, mwts, mw1[:, :ffn[rank]].contiguous(), tokens=sum(tokens))
+    every_ids, every_wts = torch.as_tensor(all_ids, device=dev), torch.as_tensor(all_wts, device=dev)
+    c = tilelink.moe_gemm_rs(h1, every_ids, every_wts, mw2, m_split=list(tokens))
+    torch.cuda.synchronize()
+    tilelink.world().synchronize()
+    want0 = test_cpu.moe_layer0_reference(xr, all_ids, w1r[rank][:, :ffn[rank]])
+    check(rel_err(h1, want0) < 1e-2, "moe_ag_gemm: error against float64")
+    check(tuple(c.shape) == (tokens[rank], 256) and not torch.isnan(c).any(), "moe_gemm_rs: this rank's rows")
+
+
 def main():
-    faulthandler.dump_traceback_later(150, exit=True)  # a hang: every thread's stack, then exit
+    faulthandler.dump_traceback_later(300, exit=True)  # a hang: every thread's stack, then exit
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -161,6 +227,9 @@ def main():
         check(not torch.isnan(out).any() and err < 1e-2, f"graph replay {replay}: error {err:.2e}")
     del graph
     torch.cuda.synchronize()
+
+    step("attention")
+    attention_and_moe(rank, size, dev)
 
     # Ranks that disagree are refused on every rank, naming the rank and the field.
     step("refusals")
