@@ -25,13 +25,25 @@ std::vector<int> random_first(test::Rng& rng, int groups) {
   return first;
 }
 
+// A random walk's shape: groups, columns, band height and the first-tile-row table.
+struct WalkShape {
+  int groups, tiles_n, band;
+  std::vector<int> first;
+  int rows() const { return first[groups]; }
+  static WalkShape draw(test::Rng& rng) {
+    WalkShape w;
+    w.groups = rng.uniform_int(1, 40), w.tiles_n = rng.uniform_int(1, 9), w.band = rng.pick(std::vector<int>{1, 3, 8});
+    w.first = random_first(rng, w.groups);
+    return w;
+  }
+};
+
 TEST(GroupedWalk, GroupByGroupVisitsEveryTileOnceInItsGroupsIdRange) {
-  test::Rng rng(test::test_seed());
-  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 300; ++trial) {
-    const int groups = rng.uniform_int(1, 40), tiles_n = rng.uniform_int(1, 9), band = rng.pick(std::vector<int>{1, 3, 8});
-    const std::vector<int> first = random_first(rng, groups);
-    const int rows = first[groups];
+    const WalkShape ws = WalkShape::draw(rng);
+    const int groups = ws.groups, tiles_n = ws.tiles_n, band = ws.band, rows = ws.rows();
+    const std::vector<int>& first = ws.first;
     std::vector<int> seen(static_cast<size_t>(rows) * tiles_n, 0);
     for (int id = 0; id < rows * tiles_n; ++id) {
       const GroupedWalkTile t = grouped_walk_tile(first.data(), groups, tiles_n, band, nullptr, id);
@@ -67,12 +79,11 @@ TEST(GroupedWalk, BandsGoColumnAfterColumnInsideAGroup) {
 }
 
 TEST(GroupedWalk, AnOrderTableVisitsEveryTileOnceBandByBandInItsOrder) {
-  test::Rng rng(test::test_seed());
-  SCOPED_TRACE("seed " + std::to_string(rng.seed()));
+  TL_SEEDED_RNG(rng);
   for (int trial = 0; trial < 300; ++trial) {
-    const int groups = rng.uniform_int(1, 40), tiles_n = rng.uniform_int(1, 9), band = rng.pick(std::vector<int>{1, 3, 8});
-    const std::vector<int> first = random_first(rng, groups);
-    const int rows = first[groups];
+    const WalkShape ws = WalkShape::draw(rng);
+    const int groups = ws.groups, tiles_n = ws.tiles_n, band = ws.band, rows = ws.rows();
+    const std::vector<int>& first = ws.first;
     std::vector<int> order(rows);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng.gen());
