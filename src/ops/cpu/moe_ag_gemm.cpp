@@ -21,26 +21,23 @@ std::span<const int32_t> ids_of_call(const MoeAgGemmPlan& p, const SymmetricView
           static_cast<size_t>(p.rows())};
 }
 
-// The routing of a call, its grouped tiles, and the order the compute program walks them in: by
-// when their tokens arrive.
+// The routing of a call, its grouped tiles, and the order the compute program walks them in: the
+// tile rows by when their tokens arrive (moe_arrival_row_order, the GPU's order too), each row's
+// tiles in column order.
 struct Routed {
   MoeGroupedTiles tiles;
   std::vector<int> order;  // tile ids, the compute order
 
   Routed(const MoeAgGemmPlan& p, std::span<const int32_t> ids)
       : tiles(moe_route(ids, p.tokens(), p.topk, p.experts), p.ffn, p.config.tile_m, p.config.tile_n) {
-    // A tile's key: the latest pull position among its tokens (0: every token is this rank's).
-    const DynamicTileGrid& grid = tiles.grid;
-    std::vector<int> key(grid.num_tiles());
-    for (int t = 0; t < grid.num_tiles(); ++t) {
-      const Rect r = grid.region(grid.coord(t));
-      int latest = 0;
-      for (int64_t i = r.row; i < r.row + r.rows; ++i) latest = std::max(latest, p.arrival_of(tiles.tokens[i]));
-      key[t] = latest;
-    }
-    order.resize(grid.num_tiles());
-    for (int t = 0; t < grid.num_tiles(); ++t) order[t] = t;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] < key[b]; });
+    const int tiles_n = tiles.grid.tiles_n();
+    std::vector<int> first_rows(tiles.first.size());  // the grid's first tiles, in tile rows
+    for (size_t g = 0; g < first_rows.size(); ++g) first_rows[g] = tiles.first[g] / tiles_n;
+    const MoeRouting& r = tiles.routing;
+    order.reserve(tiles.grid.num_tiles());
+    for (int row : moe_arrival_row_order(r.offsets, first_rows, p.config.tile_m, r.pair_of_row, p.topk,
+                                         p.x.tiles.parts, p.rank))
+      for (int n = 0; n < tiles_n; ++n) order.push_back(row * tiles_n + n);
   }
 };
 
