@@ -203,7 +203,7 @@ void MoeAgGemm::enqueue_grouped(int r, const void* w1, void* out, bool hooked, c
 }
 
 void MoeAgGemm::world1(const void* x, const int32_t* ids, const float* weights, const void* w1, void* out,
-                       MoePath path) {
+                       MoePath path, bool expert_loop_gemm) {
   // nothing to gather: the layer alone on the caller's tensors
   rt_->world1([&](int r) {
     MoeLayer& layer = *layers_[r];
@@ -211,7 +211,12 @@ void MoeAgGemm::world1(const void* x, const int32_t* ids, const float* weights, 
     const cudaStream_t stream = rt_->gemm_stream(r);
     layer.set_gemm_sms(0);
     layer.route(ids, stream);
-    layer.layer0(x, w1, p.ffn, out, path, stream);
+    if (expert_loop_gemm) {  // baseline (b): the gather, then one cuBLAS GEMM an expert
+      layer.gather(x, layer.xs(), stream);
+      expert_loop(layer, rt_->lanes().cublas(r), loop_offsets_, layer.xs(), w1, out, p.ffn, p.hidden, stream);
+    } else {
+      layer.layer0(x, w1, p.ffn, out, path, stream);
+    }
     // what gathered_ids() and gathered_weights() give layer 1
     TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids, p.rows() * sizeof(int32_t),
                                   cudaMemcpyDeviceToDevice, stream));
@@ -291,26 +296,17 @@ void MoeAgGemm::unfused(const std::vector<const void*>& x, const std::vector<con
                         const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                         const std::vector<void*>& out, bool expert_loop_gemm) {
   check_args(x, ids, weights, w1, out);
-  auto compute = [&](int r, const void* gathered_x, cudaStream_t stream) {  // the routing, the gather, the GEMM
+  auto compute = [&](int r, cudaStream_t stream) {  // the routing, the gather, the GEMM
     world_.bind(r);
     MoeLayer& layer = *layers_[r];
     const MoeAgGemmPlan& p = plans_[r];
-    layer.route(world_.size() == 1 ? ids[r] : gathered_ids(r), stream);
-    layer.gather(gathered_x, layer.xs(), stream);
+    layer.route(gathered_ids(r), stream);
+    layer.gather(rt_->view(r).local(p.x.f.gathered), layer.xs(), stream);
     if (!expert_loop_gemm) return enqueue_grouped(r, w1[r], out[r], false, stream);
     expert_loop(layer, rt_->lanes().cublas(r), loop_offsets_, layer.xs(), w1[r], out[r], p.ffn, p.hidden, stream);
   };
-  if (world_.size() == 1) {
-    if (!expert_loop_gemm) return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kUnfused);
-    return rt_->world1([&](int r) {
-      compute(r, x[r], rt_->gemm_stream(r));
-      const MoeAgGemmPlan& p = plans_[r];  // what gathered_ids() and gathered_weights() give layer 1
-      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.ids.f.gathered), ids[r], p.rows() * sizeof(int32_t),
-                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
-      TL_CUDA_CHECK(cudaMemcpyAsync(rt_->view(r).local(p.weights.f.gathered), weights[r], p.rows() * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, rt_->gemm_stream(r)));
-    });
-  }
+  if (world_.size() == 1)
+    return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kUnfused, expert_loop_gemm);
   const Field<Signal> barrier = plans_[rt_->first_rank()].barrier;
   if (rt_->nccl()) {  // NCCL's AllGathers (a copy: any 4-byte or 2-byte data as bf16 elements)
     return rt_->nccl_call(barrier, [&] {
@@ -325,7 +321,7 @@ void MoeAgGemm::unfused(const std::vector<const void*>& x, const std::vector<con
       rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.ids.row_bytes / 2, si, gi);
       rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.x.row_bytes / 2, sx, gx);
       rt_->lanes().nccl_all_gather_rows(p0.x.tiles.parts, p0.weights.row_bytes / 2, sw, gw);
-      for (int r : world_.local_ranks()) compute(r, gx[r], world_.stream(r));
+      for (int r : world_.local_ranks()) compute(r, world_.stream(r));
     });
   }
   // The copy engine, every rank: barrier, its rows into every rank, barrier; all of it enqueued
@@ -345,7 +341,7 @@ void MoeAgGemm::unfused(const std::vector<const void*>& x, const std::vector<con
       }
       rank_barrier(sc, heap, p.barrier, rt_->value(r, 2));
     }
-    for (int r : world_.local_ranks()) compute(r, rt_->view(r).local(plans_[r].x.f.gathered), world_.stream(r));
+    for (int r : world_.local_ranks()) compute(r, world_.stream(r));
   });
 }
 

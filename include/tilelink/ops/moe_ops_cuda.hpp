@@ -125,8 +125,10 @@ class MoeAgGemm {
   void unfused(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                const std::vector<const float*>& weights, const std::vector<const void*>& w1,
                const std::vector<void*>& out, bool expert_loop_gemm);
-  // World 1: cuda::MoeLayer alone on `path`, the routing kept for gathered_ids()/gathered_weights().
-  void world1(const void* x, const int32_t* ids, const float* weights, const void* w1, void* out, MoePath path);
+  // World 1: cuda::MoeLayer alone on `path` (or baseline (b)'s gather and expert loop), the routing
+  // kept for gathered_ids()/gathered_weights().
+  void world1(const void* x, const int32_t* ids, const float* weights, const void* w1, void* out, MoePath path,
+              bool expert_loop_gemm = false);
   // The fused call's programs on rank r: the AllGathers (rank's stream), the routing and the
   // grouped GEMM (the GEMM stream).
   void enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights);
