@@ -78,6 +78,21 @@ int MoeGroupedTiles::tile_of(int64_t i, int n) const {
   return grid.linear(GroupTileCoord{e, static_cast<int>((i - grid.rows.begin(e)) / grid.tile_m), n});
 }
 
+std::vector<int> MoeGroupedTiles::first_rows() const {
+  std::vector<int> rows(first.size());
+  for (size_t g = 0; g < rows.size(); ++g) rows[g] = first[g] / grid.tiles_n();
+  return rows;
+}
+
+std::vector<int> MoeGroupedTiles::tiles_by_rows(std::span<const int> rows) const {
+  const int tiles_n = grid.tiles_n();
+  std::vector<int> order;
+  order.reserve(rows.size() * tiles_n);
+  for (int row : rows)
+    for (int n = 0; n < tiles_n; ++n) order.push_back(row * tiles_n + n);
+  return order;
+}
+
 void moe_topk_reduce_rect_cpu(const void* y, int64_t ldy, const MoeRouting& rt, const float* weights,
                               const Rect& r, void* out, int64_t ldo, DType dtype) {
   for (int64_t t = r.row; t < r.row + r.rows; ++t)

@@ -100,23 +100,96 @@ __global__ void silu_mul_kernel(const uint4* __restrict__ h, int64_t chunks,
   }
 }
 
+// The first of grouped rows [lo, hi) (one expert's: its pairs ascending) whose pair is >= pair.
+__device__ __forceinline__ int64_t first_row_from(const int64_t* pair_of_row, int64_t lo, int64_t hi, int64_t pair) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pair_of_row[mid] < pair) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// The routing's tables a linked reduce reads to find the GEMM tiles of its tokens.
+struct ReduceTables {
+  const int64_t* offsets = nullptr;
+  const int64_t* pair_of_row = nullptr;
+  const int* first_tile_rows = nullptr;
+  int experts = 0;
+};
+
+constexpr int kReduceWaitRows = 1024;  // tile rows a reduce tile lists; past them its threads wait alone
+
+// A linked reduce tile of tokens [t0, t1) (MoeReduceLink): every GEMM tile holding their rows is
+// stored. Per expert (a thread each), the rows of those tokens are one run (an expert's rows go by
+// pair), so its tile rows [m0, m1]; the block lists them, then waits on each listed row's tiles_n
+// tiles, the (row, column) pairs spread over the threads. Ends with a block barrier (every wait's
+// acquire before any thread's reads).
+__device__ __forceinline__ void wait_for_rows(const MoeReduceLink& link, const ReduceTables& rt, int topk,
+                                              int64_t t0, int64_t t1, Epoch epoch, int* listed_rows,
+                                              int* listed_count) {
+  const uint64_t target = epoch.value();
+  auto wait = [&](int slot) {
+    signal_wait<Scope::kGpu>(link.ctx, const_cast<Signal*>(link.pair_done) + slot, slot, target,
+                             WaitSite{SignalField::kTileDone, slot});
+  };
+  if (threadIdx.x == 0) *listed_count = 0;
+  __syncthreads();
+  for (int e = threadIdx.x; e < rt.experts; e += blockDim.x) {
+    const int64_t lo = rt.offsets[e], hi = rt.offsets[e + 1];
+    const int64_t a = first_row_from(rt.pair_of_row, lo, hi, t0 * topk);
+    const int64_t b = first_row_from(rt.pair_of_row, a, hi, t1 * topk);
+    if (a == b) continue;
+    const int m0 = rt.first_tile_rows[e] + static_cast<int>((a - lo) / compute::sm90::kTileM);
+    const int m1 = rt.first_tile_rows[e] + static_cast<int>((b - 1 - lo) / compute::sm90::kTileM);
+    const int base = atomicAdd(listed_count, m1 - m0 + 1);
+    for (int m = m0; m <= m1; ++m) {
+      if (base + (m - m0) < kReduceWaitRows) {
+        listed_rows[base + (m - m0)] = m;
+      } else {
+        for (int n = 0; n < link.tiles_n; ++n) wait(m * link.tiles_n + n);
+      }
+    }
+  }
+  __syncthreads();
+  const int listed = min(*listed_count, kReduceWaitRows);
+  for (int i = threadIdx.x; i < listed * link.tiles_n; i += blockDim.x)
+    wait(listed_rows[i / link.tiles_n] * link.tiles_n + i % link.tiles_n);
+  __syncthreads();
+}
+
 // out[t] = sum over slots s in order of weights[t, s] * y[row_of_pair[t, s]] (fp32, one rounding);
 // unrouted pairs (row -1) add nothing. A block a tile of tile_rows tokens at a time, a token at a
-// time; tiles from first_tile on, around. With tile_done set, each tile is announced once stored
-// (tile_done[t] = epoch, release, system scope: a peer's ReduceScatter reads it).
+// time; tiles from first_tile on, around: the block's every gridDim.x-th, or, with link.claims,
+// claimed one at a time from the shared counter. With tile_done set, each tile is announced once
+// stored (tile_done[t] = epoch, release, system scope: a peer's ReduceScatter reads it). With
+// link.pair_done set, a tile first waits for the grouped GEMM's tiles of its rows (wait_for_rows).
 template <class T>
 __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
                                    const int64_t* __restrict__ row_of_pair,
                                    const float* __restrict__ weights, int topk, int64_t tokens,
                                    int tile_rows, int first_tile, uint4* __restrict__ out,
-                                   Signal* tile_done, Epoch epoch) {
+                                   Signal* tile_done, Epoch epoch, MoeReduceLink link, ReduceTables tables) {
   constexpr int kMaxTopk = 32;
   __shared__ int64_t rows[kMaxTopk];
   __shared__ float w[kMaxTopk];
+  __shared__ int64_t claimed;
+  __shared__ int listed_count;
+  __shared__ int listed_rows[kReduceWaitRows];
   const int64_t tiles = (tokens + tile_rows - 1) / tile_rows;
-  for (int64_t j = blockIdx.x; j < tiles; j += gridDim.x) {
+  for (int64_t next = blockIdx.x;; next += gridDim.x) {
+    int64_t j = next;
+    if (link.claims != nullptr) {
+      if (threadIdx.x == 0) claimed = atomicAdd(link.claims, 1u);
+      __syncthreads();
+      j = claimed;
+      __syncthreads();  // every thread has read it before thread 0 claims again
+    }
+    if (j >= tiles) break;
     const int64_t tile = (first_tile + j) % tiles;
     const int64_t end = min(tokens, (tile + 1) * tile_rows);
+    if (link.pair_done != nullptr)
+      wait_for_rows(link, tables, topk, tile * tile_rows, end, epoch, listed_rows, &listed_count);
     for (int64_t t = tile * tile_rows; t < end; ++t) {
       if (threadIdx.x < topk) {
         rows[threadIdx.x] = row_of_pair[t * topk + threadIdx.x];
@@ -291,6 +364,13 @@ void MoeLayer::order_by_arrival(const RowPartition& tokens, int rank, cudaStream
                           rank, tile_row_order_, arrival_keys_, stream);
 }
 
+void MoeLayer::order_by_completion(const MoeCompletion& completion, cudaStream_t stream) {
+  TL_REQUIRE(completion.tokens == tokens_, "moe (cuda): the completion order is over " << completion.tokens
+                                                                                      << " tokens, the layer " << tokens_);
+  moe_completion_order_async(offsets_, first_tile_rows_, experts_, compute::sm90::kTileM, pair_of_row_, topk_,
+                             completion, tile_row_order_, arrival_keys_, stream);
+}
+
 compute::sm90::GroupedGemmArgs MoeLayer::grouped_args(const void* a, const int64_t* a_rows,
                                                       const void* b, void* c, int64_t n,
                                                       int64_t k) const {
@@ -342,22 +422,25 @@ void MoeLayer::topk_reduce(const void* y, const float* weights, void* out, cudaS
   by_dtype(dtype_, [&](auto t) {
     topk_reduce_kernel<decltype(t)><<<grid_for(tokens_), kThreads, 0, stream>>>(
         static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_, 1, 0,
-        static_cast<uint4*>(out), nullptr, Epoch{0});
+        static_cast<uint4*>(out), nullptr, Epoch{0}, MoeReduceLink{}, ReduceTables{});
   });
   TL_CUDA_CHECK(cudaGetLastError());
 }
 
 void MoeLayer::topk_reduce_tiles(const void* y, const float* weights, void* out, int tile_rows,
                                  int first_tile, Signal* tile_done, Epoch epoch, int blocks,
-                                 cudaStream_t stream) const {
+                                 cudaStream_t stream, const MoeReduceLink* link) const {
   TL_REQUIRE(y != nullptr && weights != nullptr && out != nullptr && tile_done != nullptr,
              "moe (cuda): topk_reduce_tiles: null pointer");
   TL_REQUIRE(tile_rows >= 1 && blocks >= 1, "moe (cuda): topk_reduce_tiles: tile_rows (" << tile_rows
                                                 << ") and blocks (" << blocks << ") must be >= 1");
+  TL_REQUIRE(link == nullptr || (link->pair_done != nullptr && link->tiles_n >= 1 && link->claims != nullptr),
+             "moe (cuda): topk_reduce_tiles: a link needs pair_done, tiles_n >= 1 and a claim counter");
+  const ReduceTables tables{offsets_, pair_of_row_, first_tile_rows_, experts_};
   by_dtype(dtype_, [&](auto t) {
     topk_reduce_kernel<decltype(t)><<<blocks, kThreads, 0, stream>>>(
         static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_, tile_rows,
-        first_tile, static_cast<uint4*>(out), tile_done, epoch);
+        first_tile, static_cast<uint4*>(out), tile_done, epoch, link ? *link : MoeReduceLink{}, tables);
   });
   TL_CUDA_CHECK(cudaGetLastError());
 }

@@ -16,6 +16,7 @@
 #include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/backend/cuda/stream_prim.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
+#include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/cuda/comm.hpp"
 
@@ -58,6 +59,34 @@ struct TokenTileWaitHooks {
 };
 static_assert(sm90::detail::const_callable_hooks<TokenTileWaitHooks>(),
               "TokenTileWaitHooks must stay const-callable: a per-warp copy lives in local memory");
+
+// Layer 1's notify hook: a stored tile (m, n) of group g announced at pair_done[(first_tile_rows[g]
+// + m) * tiles_n + n] = the call's epoch (GPU scope: the rank's own reduce reads it).
+struct PairDoneHooks {
+  static constexpr bool kWaits = false;
+  static constexpr bool kNotifies = true;
+  Signal* pair_done = nullptr;
+  const int* first_tile_rows = nullptr;
+  int tiles_n = 0;
+  Epoch call;  // read per tile: a graph replay's epoch is on the device
+
+  __device__ void after_tile_stored(const sm90::TileWork& w) const {
+    signal_notify<Scope::kGpu>(pair_done + (first_tile_rows[w.group] + w.tile.m) * tiles_n + w.tile.n, call.value());
+  }
+};
+static_assert(sm90::detail::const_callable_hooks<PairDoneHooks>(),
+              "PairDoneHooks must stay const-callable: a per-warp copy lives in local memory");
+
+// The hooks over rank r's tables: tiles_n from the width the launch of g takes.
+PairDoneHooks pair_done_hooks(const MoeGemmRsPlan& p, const MoeLayer& layer, const SymmetricView& view,
+                              const sm90::GroupedGemmArgs& g, Epoch call) {
+  const int width = sm90::grouped_gemm_tile_n(g);
+  const int tiles_n = static_cast<int>((p.hidden + width - 1) / width);
+  const int64_t most = DynamicSegmentTiling::max_num_tiles(p.rows(), p.experts, sm90::kTileM) * tiles_n;
+  TL_REQUIRE(most <= p.max_pair_tiles, "moe_gemm_rs: internal: the GEMM's " << most << " tiles exceed the plan's "
+                                                                              << p.max_pair_tiles << " pair signals");
+  return PairDoneHooks{view.local(p.pair_done), layer.first_tile_rows(), tiles_n, call};
+}
 
 template <class Hooks>
 void launch_grouped(const sm90::GroupedGemmArgs& g, const Hooks& hooks, cudaStream_t stream) {
@@ -355,14 +384,49 @@ void MoeAgGemm::run_auto(const std::vector<const void*>& x, const std::vector<co
 
 // ---- layer 1 ----------------------------------------------------------------------------------
 
+// Per local rank, the lane of the top-k reduce beside the GEMM: a stream of the rank's context,
+// forked from the GEMM stream and joined back, and the reduce's claim counter.
+struct MoeGemmRs::ReduceLanes {
+  World& world;
+  std::vector<cudaStream_t> stream;
+  std::vector<cudaEvent_t> fork, join;
+  std::vector<unsigned*> claims;
+
+  explicit ReduceLanes(World& w)
+      : world(w), stream(w.size(), nullptr), fork(w.size(), nullptr), join(w.size(), nullptr), claims(w.size(), nullptr) {
+    for (int r : w.local_ranks()) {
+      w.bind(r);
+      stream[r] = w.create_stream(r);
+      TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork[r], cudaEventDisableTiming));
+      TL_CUDA_CHECK(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
+      TL_CUDA_CHECK(cudaMalloc(&claims[r], sizeof(unsigned)));
+    }
+  }
+  ~ReduceLanes() {
+    // NOTE: not checked: a destructor must not throw, and after a device fault every call fails.
+    for (int r : world.local_ranks()) {
+      world.bind(r);
+      if (claims[r]) (void)cudaFree(claims[r]);
+      if (fork[r]) (void)cudaEventDestroy(fork[r]);
+      if (join[r]) (void)cudaEventDestroy(join[r]);
+      if (stream[r]) (void)cudaStreamDestroy(stream[r]);
+    }
+  }
+  ReduceLanes(const ReduceLanes&) = delete;
+  ReduceLanes& operator=(const ReduceLanes&) = delete;
+};
+
 MoeGemmRs::MoeGemmRs(World& world, const RowPartition& tokens, int64_t hidden,
                      const std::vector<int64_t>& ffn_per_rank, int experts, int topk, DType dtype)
     : world_(world) {
   check_moe_shape("moe_gemm_rs", world, tokens, hidden, ffn_per_rank, dtype);
   TL_REQUIRE(hidden <= (int64_t{1} << 30), "moe_gemm_rs: H = " << hidden << " is out of range");
-  // The ReduceScatter's producer tiles are the top-k reduce's: kMoeReduceTileRows tokens x H; its
-  // items are a warp's bands.
+  // The pair tiles are the grouped GEMM's (kTileM rows x its width over H); the ReduceScatter's
+  // producer tiles are the top-k reduce's: kMoeReduceTileRows tokens x H; its items are a warp's
+  // bands.
   MoeGemmRsConfig config;
+  config.tile_m = sm90::kTileM;
+  config.tile_n = sm90::grouped_gemm_pick_tile_n(hidden);
   config.reduce_tile_m = kMoeReduceTileRows;
   config.reduce_tile_n = static_cast<int>(hidden);
   config.band_rows = kReduceBandRows;
@@ -371,17 +435,19 @@ MoeGemmRs::MoeGemmRs(World& world, const RowPartition& tokens, int64_t hidden,
   rt_ = std::make_unique<detail::FusedRuntime>(
       world, "moe_gemm_rs", moe_agreement("moe_gemm_rs", tokens, hidden, ffn_per_rank, experts, topk, dtype),
       plans_[0].ws_bytes);
+  lanes_ = std::make_unique<ReduceLanes>(world);
   layers_.resize(world.size());
   for (int r : world.local_ranks()) {
     world.bind(r);
-    TL_REQUIRE(reduce_sms(r) + 1 < world.sm_count(r),
+    TL_REQUIRE(reduce_sms(r) + topk_sms(r) + 1 < world.sm_count(r),
                "moe_gemm_rs: rank " << r << " has " << world.sm_count(r) << " SMs, too few for the reduce and the GEMM");
     layers_[r] = std::make_unique<MoeLayer>(tokens.total(), hidden, ffn_per_rank[r], experts, topk, dtype);
-    // The grouped GEMM loaded in this context while nothing spins (empty tables: no tiles).
+    // Both grouped GEMMs loaded in this context while nothing spins (empty tables: no tiles).
     MoeLayer& layer = *layers_[r];
     layer.set_gemm_sms(world.sm_count(r));
-    launch_grouped(layer.grouped_args(layer.y(), nullptr, layer.y(), layer.y(), hidden, ffn_per_rank[r]),
-                   sm90::NoHooks{}, world.stream(r));
+    const sm90::GroupedGemmArgs g = layer.grouped_args(layer.y(), nullptr, layer.y(), layer.y(), hidden, ffn_per_rank[r]);
+    launch_grouped(g, sm90::NoHooks{}, world.stream(r));
+    launch_grouped(g, pair_done_hooks(plans_[r], layer, rt_->view(r), g, Epoch{0}), world.stream(r));
     TL_CUDA_CHECK(cudaStreamSynchronize(world.stream(r)));
   }
 }
@@ -390,7 +456,13 @@ MoeGemmRs::~MoeGemmRs() = default;
 
 int MoeGemmRs::reduce_sms(int rank) const { return std::clamp(world_.sm_count(rank) / 8, 1, 16); }
 
-int MoeGemmRs::gemm_sms(int rank) const { return rt_->split(rank, 0, reduce_sms(rank)).gemm_sms; }
+int MoeGemmRs::topk_sms(int rank) const {
+  return reduce_beside_gemm_ ? std::clamp(world_.sm_count(rank) / 16, 1, 8) : 0;
+}
+
+int MoeGemmRs::gemm_sms(int rank) const { return rt_->split(rank, 0, reduce_sms(rank) + topk_sms(rank)).gemm_sms; }
+
+void MoeGemmRs::set_reduce_beside_gemm(bool beside) { reduce_beside_gemm_ = beside; }
 
 void MoeGemmRs::check_args(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
                            const std::vector<const float*>& weights, const std::vector<const void*>& w2,
@@ -409,16 +481,38 @@ void MoeGemmRs::enqueue_partial(int r, const void* h1, const int32_t* ids, const
   void* partial = rt_->view(r).local(p.rs.f.partial);
   layer.route(ids, stream);
   layer.set_gemm_sms(fused ? gemm_sms(r) : world_.sm_count(r));
+  // The next rank's tokens first: the owner the ReduceScatter serves first.
+  const int next = (r + 1) % world_.size();
+  const int first = static_cast<int>(p.rs.rows.begin(next) / kMoeReduceTileRows);
+  Signal* tile_done = rt_->view(r).local(p.rs.f.tile_done);
+  if (fused && reduce_beside_gemm_) {
+    // The GEMM walks its tile rows in completion order and announces each tile; the reduce, on its
+    // own SMs on the side stream, takes its tiles as their rows are stored; once the GEMM is done
+    // its SMs take the tiles left (one claim counter).
+    layer.order_by_completion(MoeCompletion::make(p.tokens(), kMoeReduceTileRows, first), stream);
+    TL_CUDA_CHECK(cudaMemsetAsync(lanes_->claims[r], 0, sizeof(unsigned), stream));
+    TL_CUDA_CHECK(cudaEventRecord(lanes_->fork[r], stream));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(lanes_->stream[r], lanes_->fork[r], 0));
+    sm90::GroupedGemmArgs g = layer.grouped_args(h1, nullptr, w2, layer.y(), p.hidden, p.ffn);
+    g.tile_row_order = layer.tile_row_order();
+    const PairDoneHooks hooks = pair_done_hooks(p, layer, rt_->view(r), g, rt_->epoch(r));
+    const MoeReduceLink link{hooks.pair_done, hooks.tiles_n, lanes_->claims[r], world_.device_context(r)};
+    layer.topk_reduce_tiles(layer.y(), weights, partial, kMoeReduceTileRows, first, tile_done, rt_->epoch(r),
+                            topk_sms(r), lanes_->stream[r], &link);
+    launch_grouped(g, hooks, stream);
+    layer.topk_reduce_tiles(layer.y(), weights, partial, kMoeReduceTileRows, first, tile_done, rt_->epoch(r),
+                            gemm_sms(r), stream, &link);
+    TL_CUDA_CHECK(cudaEventRecord(lanes_->join[r], lanes_->stream[r]));
+    TL_CUDA_CHECK(cudaStreamWaitEvent(stream, lanes_->join[r], 0));
+    return;
+  }
   if (expert_loop_gemm)
     expert_loop(layer, rt_->lanes().cublas(r), loop_offsets_, h1, w2, layer.y(), p.hidden, p.ffn, stream);
   else
     launch_grouped(layer.grouped_args(h1, nullptr, w2, layer.y(), p.hidden, p.ffn), sm90::NoHooks{}, stream);
   if (!fused) return layer.topk_reduce(layer.y(), weights, partial, stream);
-  // The next rank's tokens first: the owner the ReduceScatter serves first.
-  const int next = (r + 1) % world_.size();
-  const int first = static_cast<int>(p.rs.rows.begin(next) / kMoeReduceTileRows);
-  layer.topk_reduce_tiles(layer.y(), weights, partial, kMoeReduceTileRows, first,
-                          rt_->view(r).local(p.rs.f.tile_done), rt_->epoch(r), gemm_sms(r), stream);
+  layer.topk_reduce_tiles(layer.y(), weights, partial, kMoeReduceTileRows, first, tile_done, rt_->epoch(r),
+                          gemm_sms(r), stream);
 }
 
 void MoeGemmRs::run(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,

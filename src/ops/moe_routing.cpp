@@ -84,25 +84,52 @@ std::vector<int32_t> moe_draw_routing(std::mt19937_64& gen, int64_t tokens, int 
   return ids;
 }
 
-std::vector<int> moe_arrival_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
-                                       std::span<const int64_t> pair_of_row, int topk, const RowPartition& tokens,
-                                       int rank) {
+namespace {
+
+// The tile rows [0, first[groups]) stably by a key each: the latest (arrival) or the earliest
+// (completion) of its rows' row_key(i).
+template <class RowKey>
+std::vector<int> tile_rows_by_key(const char* what, std::span<const int64_t> offsets, std::span<const int> first,
+                                  int tile_rows, int topk, bool latest, RowKey row_key) {
   const int groups = static_cast<int>(offsets.size()) - 1;
   TL_REQUIRE(groups >= 1 && static_cast<int>(first.size()) == groups + 1 && tile_rows >= 1 && topk >= 1,
-             "moe_arrival_row_order: bad tables (" << offsets.size() << " offsets, " << first.size()
-                                                   << " first tile rows, tile_rows " << tile_rows << ")");
-  TL_REQUIRE(rank >= 0 && rank < tokens.world_size, "moe_arrival_row_order: rank " << rank << " of "
-                                                                                    << tokens.world_size);
+             what << ": bad tables (" << offsets.size() << " offsets, " << first.size()
+                  << " first tile rows, tile_rows " << tile_rows << ")");
   const int count = first[groups];
   std::vector<int> key(count), order(count);
   for (int t = 0; t < count; ++t) {
     const MoeTileRowSpan span = moe_tile_row_span(offsets.data(), first.data(), groups, tile_rows, t);
-    for (int64_t i = span.begin; i < span.end; ++i)
-      key[t] = std::max(key[t], moe_row_arrival(pair_of_row.data(), topk, tokens, rank, i));
+    key[t] = row_key(span.begin);
+    for (int64_t i = span.begin + 1; i < span.end; ++i)
+      key[t] = latest ? std::max(key[t], row_key(i)) : std::min(key[t], row_key(i));
   }
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] < key[b]; });
   return order;
+}
+
+}  // namespace
+
+std::vector<int> moe_arrival_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
+                                       std::span<const int64_t> pair_of_row, int topk, const RowPartition& tokens,
+                                       int rank) {
+  TL_REQUIRE(rank >= 0 && rank < tokens.world_size, "moe_arrival_row_order: rank " << rank << " of "
+                                                                                    << tokens.world_size);
+  return tile_rows_by_key("moe_arrival_row_order", offsets, first, tile_rows, topk, true, [&](int64_t i) {
+    return moe_row_arrival(pair_of_row.data(), topk, tokens, rank, i);
+  });
+}
+
+std::vector<int> moe_completion_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
+                                          std::span<const int64_t> pair_of_row, int topk, const MoeCompletion& c) {
+  TL_REQUIRE(c.tokens >= 1 && c.reduce_rows >= 1 && c.keys >= 1 && c.keys <= kMoeOrderKeys && c.first_tile >= 0 &&
+                 c.first_tile < c.tiles(),
+             "moe_completion_row_order: bad completion (tokens " << c.tokens << ", reduce rows " << c.reduce_rows
+                                                                 << ", first tile " << c.first_tile << ", keys "
+                                                                 << c.keys << ")");
+  return tile_rows_by_key("moe_completion_row_order", offsets, first, tile_rows, topk, false, [&](int64_t i) {
+    return moe_row_completion(pair_of_row.data(), topk, c, i);
+  });
 }
 
 }  // namespace tilelink

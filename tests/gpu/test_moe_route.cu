@@ -236,6 +236,48 @@ TEST(MoeRouteCuda, ArrivalOrderMatchesTheHostForm) {
                        "a table pointer is null");
 }
 
+// The completion order (moe_completion_order_async, layer 1 over ranks) equals the host form
+// (moe_completion_row_order) over the device's own tables: reduce tiles of 1 to 128 tokens, fewer
+// and more reduce tiles than kMoeOrderKeys, any first tile, every routing pattern, up to 1024
+// experts; entries past the tile rows untouched.
+TEST(MoeRouteCuda, CompletionOrderMatchesTheHostForm) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int experts = trial == 1 ? 1024 : rng.uniform_int(1, 300);
+    const int topk = rng.uniform_int(1, std::min(8, experts));
+    const int64_t tokens = trial == 1 ? 20000 : rng.uniform(1, 12000);
+    const int reduce_rows = rng.pick(std::vector<int>{1, 32, 128});
+    const auto how = static_cast<test::Routing>(rng.uniform_int(0, 3));
+    const int64_t tiles = (tokens + reduce_rows - 1) / reduce_rows;
+    const MoeCompletion c = MoeCompletion::make(tokens, reduce_rows, static_cast<int>(rng.uniform(0, tiles - 1)));
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " tokens " << tokens << " topk " << topk << " experts "
+                                      << experts << " " << test::name(how) << " reduce rows " << reduce_rows
+                                      << " first tile " << c.first_tile << " keys " << c.keys);
+    Tables tb(tokens, topk, experts);
+    tb.t.grid = DynamicTileGrid::make(DynamicRowPartition::make(experts, tb.offsets.p), 1, 128, 1, tb.first.p);
+    tb.route_now(test::draw_ids(rng, tokens, topk, experts, how));
+    const std::vector<int64_t> offsets = tb.offsets.host(), pair_of_row = tb.pair_of_row.host();
+    const std::vector<int> first = tb.first.host();
+    const int64_t max_rows = DynamicSegmentTiling::max_num_tiles(tokens * topk, experts, 128);
+    DeviceArray<int> order(max_rows);
+    DeviceArray<uint8_t> keys(max_rows);
+    cuda::moe_completion_order_async(tb.offsets.p, tb.first.p, experts, 128, tb.pair_of_row.p, topk, c, order.p,
+                                     keys.p, nullptr);
+    TL_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int> want = moe_completion_row_order(offsets, first, 128, pair_of_row, topk, c);
+    std::vector<int> got = order.host();
+    for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0x7b7b7b7b) << "entry " << i << " written";
+    got.resize(want.size());
+    ASSERT_EQ(got, want);
+  }
+  DeviceArray<int64_t> off(2), por(10);
+  DeviceArray<int> first(2), order(1);
+  DeviceArray<uint8_t> keys(1);
+  test::expect_refused([&] { cuda::moe_completion_order_async(off.p, first.p, 1, 128, por.p, 1,
+                                                              MoeCompletion::make(10, 4, 3), order.p, keys.p, nullptr); },
+                       "bad completion");
+}
+
 // Out-of-range ids: reported by the first bad pair, left out of every table; the good pairs keep
 // their order.
 TEST(MoeRouteCuda, BadIdsReportedNotPlaced) {

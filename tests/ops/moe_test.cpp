@@ -183,6 +183,67 @@ TEST(MoeRouting, ArrivalOrderSortsTileRowsByTheirLatestToken) {
   }
 }
 
+// The completion order of layer 1's grouped tile rows (ops/moe_routing.hpp): a stable sort by the
+// earliest reduce-tile place among each tile row's tokens (scaled to at most kMoeOrderKeys keys),
+// against brute force; and the property the reduce relies on: once every tile row of keys <= k is
+// done, every reduce tile whose key is k has all its rows.
+TEST(MoeRouting, CompletionOrderSortsTileRowsByTheirEarliestReduceTile) {
+  TL_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int experts = rng.uniform_int(1, 40);
+    const int topk = rng.uniform_int(1, std::min(experts, 6)), tile_rows = rng.pick(std::vector<int>{1, 4, 16, 128});
+    const int64_t tokens = rng.uniform(1, 3000);
+    const int reduce_rows = rng.pick(std::vector<int>{1, 7, 64, 128});
+    const Routing how = rng.pick(std::vector<Routing>{Routing::kUniform, Routing::kSkewed, Routing::kOneExpert,
+                                                      Routing::kEmptyExperts});
+    const MoeRouting r = moe_route(draw_ids(rng, tokens, topk, experts, how), tokens, topk, experts);
+    std::vector<int> first(experts + 1, 0);
+    for (int e = 0; e < experts; ++e)
+      first[e + 1] = first[e] + static_cast<int>((r.counts[e] + tile_rows - 1) / tile_rows);
+    const int64_t tiles = (tokens + reduce_rows - 1) / reduce_rows;
+    const int first_tile = static_cast<int>(rng.uniform(0, tiles - 1));
+    const MoeCompletion c = MoeCompletion::make(tokens, reduce_rows, first_tile);
+    SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " experts " << experts << " top-" << topk
+                                      << " tile rows " << tile_rows << " reduce rows " << reduce_rows << " first "
+                                      << first_tile);
+    ASSERT_EQ(c.keys, std::min<int64_t>(tiles, kMoeOrderKeys));
+    const std::vector<int> order = moe_completion_row_order(r.offsets, first, tile_rows, r.pair_of_row, topk, c);
+    ASSERT_EQ(static_cast<int>(order.size()), first[experts]);
+    // brute force: a token's reduce tile's place in the walk from first_tile, scaled to the keys
+    auto key_of_token = [&](int64_t t) {
+      const int64_t place = (t / reduce_rows - first_tile + tiles) % tiles;
+      return static_cast<int>(place * c.keys / tiles);
+    };
+    std::vector<int> key(first[experts], c.keys);
+    for (int e = 0; e < experts; ++e)
+      for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) {
+        const int t = first[e] + static_cast<int>((i - r.offsets[e]) / tile_rows);
+        key[t] = std::min(key[t], key_of_token(r.token_of_row(i)));
+      }
+    std::vector<int> seen(order.size(), 0);
+    for (size_t i = 0; i < order.size(); ++i) {
+      ++seen.at(order[i]);
+      ASSERT_LT(key[order[i]], c.keys);
+      if (i > 0) {
+        ASSERT_LE(key[order[i - 1]], key[order[i]]) << "position " << i;
+        if (key[order[i - 1]] == key[order[i]]) {
+          ASSERT_LT(order[i - 1], order[i]) << "not stable at " << i;
+        }
+      }
+    }
+    for (int v : seen) ASSERT_EQ(v, 1);
+    // every row of a token of key k lies in a tile row of key <= k
+    for (int e = 0; e < experts; ++e)
+      for (int64_t i = r.offsets[e]; i < r.offsets[e + 1]; ++i) {
+        const int t = first[e] + static_cast<int>((i - r.offsets[e]) / tile_rows);
+        ASSERT_LE(key[t], key_of_token(r.token_of_row(i)));
+      }
+  }
+  EXPECT_THROW(moe_completion_row_order(std::vector<int64_t>{0, 1}, std::vector<int>{0, 1}, 1,
+                                        std::vector<int64_t>{0}, 1, MoeCompletion::make(1, 1, 1)),
+               Error);
+}
+
 // Layer 0 (gather X by token, per-expert W1) then the top-k reduce of layer 1's shape, against
 // float64, every dtype.
 TEST(MoeCompute, GroupedGemmAndTopkReduceMatchFloat64) {

@@ -150,6 +150,7 @@ struct CaseOptions {
   bool check;
   MoePath fused = MoePath::kOverlap;  // --fused overlap|gathered
   int gather_sms = 0;                 // --gather-sms (overlap): 0, the layer's default
+  bool reduce_beside = true;          // --reduce beside|after (moe_gemm_rs over ranks)
 };
 
 // One row of the table.
@@ -420,8 +421,10 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
       "compute = the parts alone; ideal = max(comm, compute); speedup = unfused / fused, over_b = loop / fused; "
       "overlap = (comm + compute - fused) / min(comm, compute); ms: host wall medians of %d after %d warm-ups; "
       "check: fused and unfused bit-identical on every rank, and err_b (the loop against unfused, relative, "
-      "Frobenius, the worst rank) within the one-GPU bench's tolerance; auto: the op's choice\n",
-      name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup);
+      "Frobenius, the worst rank) within the one-GPU bench's tolerance; auto: the op's choice; layer 1's top-k "
+      "reduce %s\n",
+      name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup,
+      o.reduce_beside ? "beside the grouped GEMM (--reduce beside)" : "after the grouped GEMM (--reduce after)");
   std::printf("%-13s %6s %-13s | %9s %9s %9s %9s %9s %9s | %7s %7s %7s | %8s %5s | %s\n", "model", "tokens",
               "routing", "unfused", "loop", "fused", "comm", "compute", "ideal", "speedup", "over_b", "overlap",
               "err_b", "check", "auto");
@@ -502,7 +505,10 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
         std::unique_ptr<tlc::MoeGemmRs> l1;
         std::unique_ptr<tlc::MoeMlp> mlp;
         if (op == MoeBenchOp::kAgGemm) l0 = std::make_unique<tlc::MoeAgGemm>(world, parts, hidden, ffns, experts, topk, o.dtype);
-        if (op == MoeBenchOp::kGemmRs) l1 = std::make_unique<tlc::MoeGemmRs>(world, parts, hidden, ffns, experts, topk, o.dtype);
+        if (op == MoeBenchOp::kGemmRs) {
+          l1 = std::make_unique<tlc::MoeGemmRs>(world, parts, hidden, ffns, experts, topk, o.dtype);
+          l1->set_reduce_beside_gemm(o.reduce_beside);
+        }
         if (op == MoeBenchOp::kMlp) mlp = std::make_unique<tlc::MoeMlp>(world, parts, hidden, ffns, experts, topk, o.dtype);
         auto call = [&](bool fused, const std::vector<void*>& out) {
           if (l0) fused ? l0->run(x, my_ids, my_w, w1, out) : l0->run_unfused(x, my_ids, my_w, w1, out);
@@ -603,7 +609,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
   const bool csv = args.flag("--csv");
   const std::string fused = args.get("--fused", "overlap");
   o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
+  const std::string reduce = args.get("--reduce", "beside");
   args.finish();
+  TL_REQUIRE(reduce == "beside" || reduce == "after",
+             name << ": --reduce must be beside or after, got '" << reduce << "'");
+  o.reduce_beside = reduce == "beside";
   TL_REQUIRE(fused == "overlap" || fused == "gathered",
              name << ": --fused must be overlap or gathered, got '" << fused << "'");
   o.fused = fused == "overlap" ? MoePath::kOverlap : MoePath::kFused;
@@ -714,7 +724,8 @@ const char* kUsage =
     "[--models mixtral-8x7b,mixtral-8x22b,qwen1.5-moe,deepseek-moe,deepseek-v3,qwen3-30b-a3b] "
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world W (1: the layer on one GPU; 2-8: virtual ranks)] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
-    "[--fused overlap|gathered] [--gather-sms N (overlap: SMs of the gather kernel)]";
+    "[--fused overlap|gathered] [--gather-sms N (overlap: SMs of the gather kernel)] "
+    "[--reduce beside|after (moe_gemm_rs over ranks: its top-k reduce beside or after the grouped GEMM)]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
 
 }  // namespace

@@ -49,6 +49,10 @@ struct MoeGroupedTiles {
   MoeGroupedTiles& operator=(const MoeGroupedTiles&) = delete;
   // The tile holding grouped row i in column tile n.
   int tile_of(int64_t i, int n) const;
+  // The grid's first-tile table in tile rows (what the tile-row orders of ops/moe_routing.hpp take).
+  std::vector<int> first_rows() const;
+  // The tile ids walked by tile rows in `rows` order, each row's tiles in column order.
+  std::vector<int> tiles_by_rows(std::span<const int> rows) const;
 };
 
 // The top-k reduce: out[t, j] = Σ_s weights[t * topk + s] · y[row_of_pair[t * topk + s], j], the

@@ -35,10 +35,12 @@
 #include <cstdint>
 
 #include "tilelink/backend/cuda/epoch.hpp"
+#include "tilelink/backend/cuda/prim.cuh"
 #include "tilelink/compute/sm90/grouped_gemm.hpp"
 #include "tilelink/prim/signal.hpp"
 #include "tilelink/core/dtype.hpp"
 #include "tilelink/core/partition.hpp"
+#include "tilelink/ops/moe_routing.hpp"
 
 namespace tilelink::cuda {
 
@@ -47,6 +49,21 @@ inline constexpr int kMoeGatherSms = 8;  // the SMs kOverlap's gather kernel kee
 const char* moe_path_name(MoePath path);
 // The path kAuto takes (the others are kept).
 MoePath moe_choose_path(MoePath requested);
+
+// Layer 1 over ranks, the top-k reduce beside the grouped GEMM (MoeLayer::topk_reduce_tiles with a
+// link). The GEMM announces each stored tile (m, n) of group g at pair_done[(first_tile_rows[g] + m)
+// * tiles_n + n] = the call's epoch (the engine's notify hook); a reduce tile of tokens [t0, t1)
+// finds, per expert, the grouped rows of those tokens (a contiguous run: an expert's rows go by
+// token) and so the tile rows they lie in, and waits for each of their tiles_n tiles (bounded,
+// SignalField::kTileDone) before it reads Y. The tiles are claimed from *claims (zeroed before the
+// call's first launch), so a launch on the GEMM's SMs after the GEMM takes what the reduce's own
+// SMs have not.
+struct MoeReduceLink {
+  const Signal* pair_done = nullptr;
+  int tiles_n = 0;          // the GEMM's column tiles over H
+  unsigned* claims = nullptr;
+  DeviceContext ctx;        // the waits' bound and fault record
+};
 
 class MoeLayer {
  public:
@@ -81,8 +98,12 @@ class MoeLayer {
   // The top-k reduce by tiles of tile_rows tokens on `blocks` blocks, tiles from first_tile on
   // (around), each announced once stored: tile_done[t] = epoch (release, system scope). The same
   // bits as topk_reduce.
+  // With a link (MoeReduceLink below), the same beside layer 1's grouped GEMM: each tile first
+  // waits for the GEMM tiles holding its tokens' rows, and the tiles are claimed from link.claims
+  // (first_tile first, around) by every launch that shares it.
   void topk_reduce_tiles(const void* y, const float* weights, void* out, int tile_rows, int first_tile,
-                         Signal* tile_done, Epoch epoch, int blocks, cudaStream_t stream) const;
+                         Signal* tile_done, Epoch epoch, int blocks, cudaStream_t stream,
+                         const MoeReduceLink* link = nullptr) const;
 
   int64_t tokens() const { return tokens_; }
   int64_t rows() const { return tokens_ * topk_; }
@@ -117,6 +138,9 @@ class MoeLayer {
   // `rank` of a world whose ranks hold `tokens` (ops/moe_routing.hpp), into tile_row_order(), on
   // `stream` after route(). An op passes the table as GroupedGemmArgs::tile_row_order.
   void order_by_arrival(const RowPartition& tokens, int rank, cudaStream_t stream);
+  // Over ranks (layer 1): the same in completion order (ops/moe_routing.hpp), so the grouped GEMM
+  // stores first the rows of the tokens the top-k reduce takes first.
+  void order_by_completion(const MoeCompletion& completion, cudaStream_t stream);
   const int* tile_row_order() const { return tile_row_order_; }
 
   // The grouped GEMM's arguments over this call's tables: A (gathered by a_rows / topk where

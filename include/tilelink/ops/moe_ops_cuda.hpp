@@ -24,19 +24,26 @@
 // Layer 1, MoeGemmRs (rank r: H1_r [M * topk, F_r] grouped, every token's topk_ids / topk_weights
 // [M, topk] (the same on every rank), W2_r [experts, H, F_r]; C_r [M_r, H] = its tokens' rows of
 // Σ_s P_s, P_s = the top-k reduce of H1_s · W2_s[e]ᵀ):
-//   compute program  on the rank's second stream: the routing, the grouped GEMM into Y [M * topk, H]
-//                    on the rank's SMs less the reduce's, then the top-k reduce by tiles of
-//                    kMoeReduceTileRows tokens into the symmetric partial P_r, each tile announced
-//                    (tile_done) as it is stored, the next rank's tokens first
+//   compute program  on the rank's second stream: the routing, then the completion order of the
+//                    grouped tile rows (moe_completion_order_async: the tile rows of the tokens the
+//                    reduce takes first go first), then the grouped GEMM into Y [M * topk, H] walking
+//                    them in that order on the rank's SMs less the reduces', its notify hook
+//                    announcing each stored tile (pair_done, the plan's)
+//   top-k reduce     beside the GEMM, on a third stream of the rank and topk_sms() SMs: by tiles of
+//                    kMoeReduceTileRows tokens into the symmetric partial P_r, the next rank's
+//                    tokens first; a tile first waits for the GEMM tiles of its tokens' rows (a
+//                    dynamic mapping: token range -> each expert's run of rows -> tile rows; bounded,
+//                    SignalField::kTileDone), and is announced (tile_done) once stored. Tiles are
+//                    claimed from one counter, so once the GEMM ends its SMs take what is left.
+//                    (set_reduce_beside_gemm(false): the reduce after the GEMM on its SMs, as measured
+//                    before.)
 //   comm program     the ReduceScatter (comm/reduce_scatter.hpp, pull) on its own SMs, launched
 //                    before the GEMM: each band of the rank's tokens, once every source announced
-//                    its tile, summed over sources in rank order (fp32, rounded once)
+//                    its tile, summed over sources in rank order (fp32, rounded once); once the
+//                    partial is out, the GEMM's SMs join it (the shared band counter)
 //   baseline (a)     the routing, the grouped GEMM and the top-k reduce on every SM, the partial
 //                    published whole, then the ReduceScatter on every SM (virtual ranks); NCCL's
 //                    ReduceScatter on peer and ipc
-//   NOTE: the grouped GEMM walks the experts in order and a token's rows lie in topk experts, so
-//   the partial's rows are complete only near the GEMM's end: the ReduceScatter overlaps the top-k
-//   reduce and the peers' tails, not the GEMM's bulk.
 // MoeMlp: layer 0 into [M * topk, 2 F_r] (gate rows then up rows), SiLU(gate) · up (fp32, one
 // rounding), layer 1 on the routing layer 0 gathered.
 //
@@ -176,9 +183,16 @@ class MoeGemmRs {
 
   // Rank r's routing tables of the last call (MoeLayer::offsets()...).
   const MoeLayer& layer(int rank) const { return *layers_.at(rank); }
-  // The SMs of rank r's ReduceScatter in a fused call, and its grouped GEMM's (the rest).
+  // The SMs of rank r's ReduceScatter in a fused call, of its top-k reduce beside the GEMM, and its
+  // grouped GEMM's (the rest).
   int reduce_sms(int rank) const;
+  int topk_sms(int rank) const;
   int gemm_sms(int rank) const;
+  // The fused call's top-k reduce: beside the grouped GEMM (the default: the GEMM walks its tile
+  // rows in completion order and announces each tile, the reduce takes its tiles as their rows are
+  // stored), or after it on the GEMM's SMs (the form before; kept to measure against).
+  void set_reduce_beside_gemm(bool beside);
+  bool reduce_beside_gemm() const { return reduce_beside_gemm_; }
 
  private:
   void check_args(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
@@ -198,6 +212,9 @@ class MoeGemmRs {
   std::vector<std::unique_ptr<MoeLayer>> layers_;
   std::unique_ptr<detail::FusedRuntime> rt_;
   std::vector<int64_t> loop_offsets_;  // baseline (b): an expert loop's sizes on the host
+  struct ReduceLanes;
+  std::unique_ptr<ReduceLanes> lanes_;  // the reduce beside the GEMM: its stream, events, claim counter
+  bool reduce_beside_gemm_ = true;
 };
 
 class MoeMlp {

@@ -96,7 +96,8 @@ struct MoeAgGemmPlan : MoeLayerShape {
 //                (a dynamic mapping, from the routing), sums them, and is published to the
 //                ReduceScatter (comm/reduce_scatter.hpp)
 //   order        reduce tiles from the segment of rank + 1 on (the owner the ReduceScatter serves
-//                first), pair tiles in id order
+//                first); pair tiles by tile rows in completion order (moe_completion_row_order:
+//                first the rows of the tokens the reduce takes first), each row's in column order
 //   workspace    the ReduceScatter's fields, `pair_done` [max pair tiles], the entry barrier
 struct MoeGemmRsConfig {
   CommMode mode = CommMode::kPull;

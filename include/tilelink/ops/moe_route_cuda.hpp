@@ -29,6 +29,7 @@
 
 #include "tilelink/core/dynamic_tile_grid.hpp"
 #include "tilelink/core/partition.hpp"
+#include "tilelink/ops/moe_routing.hpp"
 
 namespace tilelink::cuda {
 
@@ -76,5 +77,10 @@ void moe_route_async(const int32_t* topk_ids, int64_t tokens, int topk, int expe
 void moe_arrival_order_async(const int64_t* offsets, const int* first_tile_rows, int experts, int tile_rows,
                              const int64_t* pair_of_row, int topk, const RowPartition& tokens, int rank, int* order,
                              uint8_t* keys, cudaStream_t stream);
+// The same in completion order (ops/moe_routing.hpp's moe_completion_row_order, the same
+// permutation): layer 1's grouped GEMM finishes first the rows the top-k reduce takes first.
+void moe_completion_order_async(const int64_t* offsets, const int* first_tile_rows, int experts, int tile_rows,
+                                const int64_t* pair_of_row, int topk, const MoeCompletion& completion, int* order,
+                                uint8_t* keys, cudaStream_t stream);
 
 }  // namespace tilelink::cuda

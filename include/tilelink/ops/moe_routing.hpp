@@ -99,6 +99,42 @@ std::vector<int> moe_arrival_row_order(std::span<const int64_t> offsets, std::sp
                                        std::span<const int64_t> pair_of_row, int topk, const RowPartition& tokens,
                                        int rank);
 
+// Completion order (layer 1 over ranks: the top-k reduce takes its tiles of `reduce_rows` tokens
+// from tile `first_tile` on, around, beside the grouped GEMM, and a reduce tile can start once the
+// GEMM has stored every row of its tokens). A token's completion is its reduce tile's place in that
+// walk, scaled to `keys` steps (at most kMoeOrderKeys); a grouped tile row's the earliest of its
+// rows'. Walked stably by it, the grouped GEMM finishes first the tokens the reduce takes first: a
+// reduce tile of place p waits only on tile rows of completion <= p's. (Arrival takes the latest,
+// since a tile row can start only when all its tokens are in; completion the earliest, since the
+// first reduce tile to need a row is the one it must not hold up.)
+inline constexpr int kMoeOrderKeys = 64;
+struct MoeCompletion {
+  int64_t tokens = 0;    // M
+  int reduce_rows = 1;   // tokens a reduce tile
+  int first_tile = 0;    // the reduce's first tile
+  int keys = 1;          // min(reduce tiles, kMoeOrderKeys)
+
+  static MoeCompletion make(int64_t tokens, int reduce_rows, int first_tile) {
+    MoeCompletion c{tokens, reduce_rows < 1 ? 1 : reduce_rows, first_tile, 1};
+    const int64_t tiles = c.tiles();
+    c.keys = static_cast<int>(tiles < kMoeOrderKeys ? (tiles < 1 ? 1 : tiles) : kMoeOrderKeys);
+    return c;
+  }
+  TL_HD int64_t tiles() const { return (tokens + reduce_rows - 1) / reduce_rows; }
+  // The key of `token` (0 <= token < tokens): its reduce tile's place, in keys steps.
+  TL_HD int of_token(int64_t token) const {
+    const int64_t n = tiles();
+    const int64_t place = ((token / reduce_rows - first_tile) % n + n) % n;
+    return static_cast<int>(place * keys / n);
+  }
+};
+TL_HD inline int moe_row_completion(const int64_t* pair_of_row, int topk, const MoeCompletion& c, int64_t row) {
+  return c.of_token(pair_of_row[row] / topk);
+}
+// The host form: the tile rows [0, first[experts]) stably by completion.
+std::vector<int> moe_completion_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
+                                          std::span<const int64_t> pair_of_row, int topk, const MoeCompletion& c);
+
 // Routings for tests and benchmarks: topk distinct experts per token, drawn from `gen` by a pattern.
 //   uniform        every expert alike
 //   skewed         expert e drawn with weight 1 / (1 + e): the low ids take most pairs

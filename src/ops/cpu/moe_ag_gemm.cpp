@@ -30,14 +30,9 @@ struct Routed {
 
   Routed(const MoeAgGemmPlan& p, std::span<const int32_t> ids)
       : tiles(moe_route(ids, p.tokens(), p.topk, p.experts), p.ffn, p.config.tile_m, p.config.tile_n) {
-    const int tiles_n = tiles.grid.tiles_n();
-    std::vector<int> first_rows(tiles.first.size());  // the grid's first tiles, in tile rows
-    for (size_t g = 0; g < first_rows.size(); ++g) first_rows[g] = tiles.first[g] / tiles_n;
     const MoeRouting& r = tiles.routing;
-    order.reserve(tiles.grid.num_tiles());
-    for (int row : moe_arrival_row_order(r.offsets, first_rows, p.config.tile_m, r.pair_of_row, p.topk,
-                                         p.x.tiles.parts, p.rank))
-      for (int n = 0; n < tiles_n; ++n) order.push_back(row * tiles_n + n);
+    order = tiles.tiles_by_rows(moe_arrival_row_order(r.offsets, tiles.first_rows(), p.config.tile_m, r.pair_of_row,
+                                                      p.topk, p.x.tiles.parts, p.rank));
   }
 };
 

@@ -80,13 +80,19 @@ void MoeGemmRs::run(RankContext& ctx, const void* h1, const int32_t* topk_ids, c
   const MoeGroupedTiles& pg = *pairs;
   rank_barrier(ctx, heap, p.barrier, epoch);
   std::byte* y = y_[ctx.rank].data();
+  // The pair tiles by tile rows in completion order (ops/moe_routing.hpp, the GPU's order too): first
+  // the rows of the tokens the reduce takes first.
+  const std::vector<int> order = pg.tiles_by_rows(moe_completion_row_order(
+      pg.routing.offsets, pg.first_rows(), p.config.tile_m, pg.routing.pair_of_row, p.topk,
+      MoeCompletion::make(p.tokens(), p.config.reduce_tile_m, p.reduce_order.start_m)));
   const int cw = p.config.comm_workers, kw = p.config.compute_workers;
   const bool push = p.config.mode == CommMode::kPush;
   const int64_t eb = dtype_size(p.dtype);
   run_workers(ctx, {
       {kw, [&](int w) {
-         // the pair tiles (nothing to wait for: H1 is this rank's), each announced
-         for (int t = w; t < pg.grid.num_tiles(); t += kw) {
+         // the pair tiles (nothing to wait for: H1 is this rank's) in completion order, each announced
+         for (int j = w; j < pg.grid.num_tiles(); j += kw) {
+           const int t = order[j];
            const GroupTileCoord c = pg.grid.coord(t);  // Y rows: H1 rows times the expert's W2 shard
            moe_grouped_gemm_rect_cpu(h1, p.ffn, {}, w2_of(p, w2, c.group), pg.grid.region(c), y, p.hidden, p.ffn,
                                      p.dtype);

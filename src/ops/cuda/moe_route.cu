@@ -284,41 +284,66 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (e >= 0 && (same & lanes_below) == 0) sMine[e] += __popc(same);
   });
 }
-// The arrival order (ops/moe_routing.hpp), one block: a warp per tile row finds its latest arrival
-// (keys), then a stable counting sort over the W arrivals. The sort goes kOrderThreads tile rows a
-// round: each warp's lanes of one arrival find each other with match.any and the lowest writes
-// their count to the warp's row of `warp_count`; a tile row's place is the arrival's cursor, plus
-// the earlier warps' counts of its arrival, plus its lanes before it; the cursors then move past
-// the round. A bad table (first[experts] < 0) or no rows: nothing written, and the grouped GEMM
-// computes nothing or walks no tile.
+// The tile-row orders (ops/moe_routing.hpp: arrival and completion), one block: a warp per tile
+// row finds its key (the latest or the earliest of its rows'), then a stable counting sort over the
+// `num_keys` keys (at most kMaxOrderKeys). The sort goes kOrderThreads tile rows a round: each
+// warp's lanes of one key find each other with match.any and the lowest writes their count to the
+// warp's row of `warp_count`; a tile row's place is the key's cursor, plus the earlier warps'
+// counts of its key, plus its lanes before it; the cursors then move past the round. A bad table
+// (first[experts] < 0) or no rows: nothing written, and the grouped GEMM computes nothing or walks
+// no tile.
 constexpr int kOrderThreads = 1024;
 constexpr int kOrderWarps = kOrderThreads / 32;
-static_assert(kMaxWorldSize <= 64, "the arrival order's tables hold one entry a rank");
+constexpr int kMaxOrderKeys = 64;
+static_assert(kMaxWorldSize <= kMaxOrderKeys && kMoeOrderKeys <= kMaxOrderKeys,
+              "the order's tables hold one entry a key");
 
+// A row's arrival on `rank` (the latest of a tile row's counts).
+struct ArrivalKey {
+  static constexpr bool kLatest = true;
+  RowPartition tokens;
+  int rank = 0;
+  __device__ int of_row(const int64_t* pair_of_row, int topk, int64_t i) const {
+    return moe_row_arrival(pair_of_row, topk, tokens, rank, i);
+  }
+  __device__ int count() const { return tokens.world_size; }
+};
+// A row's completion (the earliest of a tile row's counts).
+struct CompletionKey {
+  static constexpr bool kLatest = false;
+  MoeCompletion c;
+  __device__ int of_row(const int64_t* pair_of_row, int topk, int64_t i) const {
+    return moe_row_completion(pair_of_row, topk, c, i);
+  }
+  __device__ int count() const { return c.keys; }
+};
+
+template <class Key>
 __global__ void __launch_bounds__(kOrderThreads, 1)
-    moe_arrival_order_kernel(const int64_t* offsets, const int* first, int experts, int tile_rows,
-                             const int64_t* pair_of_row, int topk, RowPartition tokens, int rank, int* order,
-                             uint8_t* keys) {
-  __shared__ int cursor[kMaxWorldSize];
-  __shared__ int warp_count[kOrderWarps][kMaxWorldSize];
+    moe_tile_row_order_kernel(const int64_t* offsets, const int* first, int experts, int tile_rows,
+                              const int64_t* pair_of_row, int topk, Key order_key, int* order, uint8_t* keys) {
+  __shared__ int cursor[kMaxOrderKeys];
+  __shared__ int warp_count[kOrderWarps][kMaxOrderKeys];
   const int count = first[experts];
   if (count <= 0) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = tokens.world_size;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, K = order_key.count();
   for (int t = warp; t < count; t += kOrderWarps) {
     const MoeTileRowSpan span = moe_tile_row_span(offsets, first, experts, tile_rows, t);
-    int key = 0;
-    for (int64_t i = span.begin + lane; i < span.end; i += 32)
-      key = max(key, moe_row_arrival(pair_of_row, topk, tokens, rank, i));
-    key = __reduce_max_sync(0xffffffffu, key);
+    int key = Key::kLatest ? 0 : K - 1;
+    for (int64_t i = span.begin + lane; i < span.end; i += 32) {
+      const int k = order_key.of_row(pair_of_row, topk, i);
+      key = Key::kLatest ? max(key, k) : min(key, k);
+    }
+    key = Key::kLatest ? __reduce_max_sync(0xffffffffu, key) : __reduce_min_sync(0xffffffffu, key);
     if (lane == 0) keys[t] = static_cast<uint8_t>(key);
   }
-  for (int a = threadIdx.x; a < W; a += kOrderThreads) cursor[a] = 0;
+  for (int a = threadIdx.x; a < K; a += kOrderThreads) cursor[a] = 0;
   __syncthreads();
   for (int t = threadIdx.x; t < count; t += kOrderThreads) atomicAdd(&cursor[keys[t]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {  // the cursors: an exclusive scan of the counts
     int sum = 0;
-    for (int a = 0; a < W; ++a) {
+    for (int a = 0; a < K; ++a) {
       const int n = cursor[a];
       cursor[a] = sum;
       sum += n;
@@ -327,26 +352,26 @@ __global__ void __launch_bounds__(kOrderThreads, 1)
   __syncthreads();
   for (int base = 0; base < count; base += kOrderThreads) {
     const int t = base + threadIdx.x;
-    const int key = t < count ? keys[t] : W;  // W: past the table (no place)
-    for (int a = lane; a < W; a += 32) warp_count[warp][a] = 0;
+    const int key = t < count ? keys[t] : K;  // K: past the table (no place)
+    for (int a = lane; a < K; a += 32) warp_count[warp][a] = 0;
     __syncwarp();
     const unsigned same = __match_any_sync(0xffffffffu, key);
     const int before = __popc(same & ((1u << lane) - 1));
-    if (key < W && before == 0) warp_count[warp][key] = __popc(same);
+    if (key < K && before == 0) warp_count[warp][key] = __popc(same);
     __syncthreads();
-    if (key < W) {
+    if (key < K) {
       int place = cursor[key] + before;
       for (int w = 0; w < warp; ++w) place += warp_count[w][key];
       order[place] = t;
     }
     __syncthreads();
-    for (int a = threadIdx.x; a < W; a += kOrderThreads)
+    for (int a = threadIdx.x; a < K; a += kOrderThreads)
       for (int w = 0; w < kOrderWarps; ++w) cursor[a] += warp_count[w][a];
     __syncthreads();
   }
 }
-
-TL_REGISTER_KERNELS(moe_route_count_kernel, moe_route_scan_kernel, moe_route_place_kernel, moe_arrival_order_kernel);
+TL_REGISTER_KERNELS(moe_route_count_kernel, moe_route_scan_kernel, moe_route_place_kernel,
+                    moe_tile_row_order_kernel<ArrivalKey>, moe_tile_row_order_kernel<CompletionKey>);
 
 }  // namespace
 
@@ -408,8 +433,27 @@ void moe_arrival_order_async(const int64_t* offsets, const int* first_tile_rows,
              "moe_arrival_order: rank " << rank << " of a world of " << tokens.world_size);
   TL_REQUIRE(tile_rows >= 1 && topk >= 1, "moe_arrival_order: tile_rows and topk must be >= 1");
   TL_REQUIRE(offsets && first_tile_rows && pair_of_row && order && keys, "moe_arrival_order: a table pointer is null");
-  moe_arrival_order_kernel<<<1, kOrderThreads, 0, stream>>>(offsets, first_tile_rows, experts, tile_rows, pair_of_row,
-                                                            topk, tokens, rank, order, keys);
+  moe_tile_row_order_kernel<<<1, kOrderThreads, 0, stream>>>(offsets, first_tile_rows, experts, tile_rows,
+                                                             pair_of_row, topk, ArrivalKey{tokens, rank}, order, keys);
+  TL_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_completion_order_async(const int64_t* offsets, const int* first_tile_rows, int experts, int tile_rows,
+                                const int64_t* pair_of_row, int topk, const MoeCompletion& completion, int* order,
+                                uint8_t* keys, cudaStream_t stream) {
+  TL_REQUIRE(experts >= 1 && experts <= kMoeRouteMaxExperts,
+             "moe_completion_order: experts must be in [1, " << kMoeRouteMaxExperts << "], got " << experts);
+  TL_REQUIRE(completion.tokens >= 1 && completion.reduce_rows >= 1 && completion.keys >= 1 &&
+                 completion.keys <= kMoeOrderKeys && completion.first_tile >= 0 &&
+                 completion.first_tile < completion.tiles(),
+             "moe_completion_order: bad completion (tokens " << completion.tokens << ", reduce rows "
+                                                             << completion.reduce_rows << ", first tile "
+                                                             << completion.first_tile << ", keys " << completion.keys
+                                                             << ")");
+  TL_REQUIRE(tile_rows >= 1 && topk >= 1, "moe_completion_order: tile_rows and topk must be >= 1");
+  TL_REQUIRE(offsets && first_tile_rows && pair_of_row && order && keys, "moe_completion_order: a table pointer is null");
+  moe_tile_row_order_kernel<<<1, kOrderThreads, 0, stream>>>(offsets, first_tile_rows, experts, tile_rows,
+                                                             pair_of_row, topk, CompletionKey{completion}, order, keys);
   TL_CUDA_CHECK(cudaGetLastError());
 }
 
