@@ -159,23 +159,24 @@ __device__ __forceinline__ void wait_for_rows(const MoeReduceLink& link, const R
 }
 
 // out[t] = sum over slots s in order of weights[t, s] * y[row_of_pair[t, s]] (fp32, one rounding);
-// unrouted pairs (row -1) add nothing. A block a tile of tile_rows tokens at a time, a token at a
-// time; tiles from first_tile on, around: the block's every gridDim.x-th, or, with link.claims,
-// claimed one at a time from the shared counter. With tile_done set, each tile is announced once
-// stored (tile_done[t] = epoch, release, system scope: a peer's ReduceScatter reads it). With
-// link.pair_done set, a tile first waits for the grouped GEMM's tiles of its rows (wait_for_rows).
+// unrouted pairs (row -1) add nothing. A block a tile of tile_rows tokens at a time, a warp a token
+// at a time (its lanes over the token's 16-byte chunks, the slots' rows and weights read by the
+// first topk lanes and passed round the warp: no block barrier a token; a block a token, with two
+// barriers each, left a tile of 128 tokens latency-bound at ~2 us a token); tiles from first_tile
+// on, around: the block's every gridDim.x-th, or, with link.claims, claimed one at a time from the
+// shared counter. With tile_done set, each tile is announced once stored (tile_done[t] = epoch,
+// release, system scope: a peer's ReduceScatter reads it). With link.pair_done set, a tile first
+// waits for the grouped GEMM's tiles of its rows (wait_for_rows).
 template <class T>
 __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
                                    const int64_t* __restrict__ row_of_pair,
                                    const float* __restrict__ weights, int topk, int64_t tokens,
                                    int tile_rows, int first_tile, uint4* __restrict__ out,
                                    Signal* tile_done, Epoch epoch, MoeReduceLink link, ReduceTables tables) {
-  constexpr int kMaxTopk = 32;
-  __shared__ int64_t rows[kMaxTopk];
-  __shared__ float w[kMaxTopk];
   __shared__ int64_t claimed;
   __shared__ int listed_count;
   __shared__ int listed_rows[kReduceWaitRows];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int64_t tiles = (tokens + tile_rows - 1) / tile_rows;
   for (int64_t next = blockIdx.x;; next += gridDim.x) {
     int64_t j = next;
@@ -190,25 +191,25 @@ __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
     const int64_t end = min(tokens, (tile + 1) * tile_rows);
     if (link.pair_done != nullptr)
       wait_for_rows(link, tables, topk, tile * tile_rows, end, epoch, listed_rows, &listed_count);
-    for (int64_t t = tile * tile_rows; t < end; ++t) {
-      if (threadIdx.x < topk) {
-        rows[threadIdx.x] = row_of_pair[t * topk + threadIdx.x];
-        w[threadIdx.x] = weights[t * topk + threadIdx.x];
-      }
-      __syncthreads();
-      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    for (int64_t t = tile * tile_rows + warp; t < end; t += warps) {
+      // lane s < topk holds slot s's row and weight (topk <= 32)
+      const int64_t my_row = lane < topk ? row_of_pair[t * topk + lane] : -1;
+      const float my_w = lane < topk ? weights[t * topk + lane] : 0.f;
+      for (int64_t c = lane; c < chunks; c += 32) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int s = 0; s < topk; ++s) {
-          if (rows[s] < 0) continue;
+          const int64_t row = __shfl_sync(0xffffffffu, my_row, s);
+          const float w = __shfl_sync(0xffffffffu, my_w, s);
+          if (row < 0) continue;
           float v[8];
-          Chunk8<T>::load(y[rows[s] * chunks + c], v);
+          Chunk8<T>::load(y[row * chunks + c], v);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += w[s] * v[e];
+          for (int e = 0; e < 8; ++e) acc[e] += w * v[e];
         }
         out[t * chunks + c] = Chunk8<T>::store(acc);
       }
-      __syncthreads();  // rows and w are rewritten for the next token; every store before the notify
     }
+    __syncthreads();  // every warp's stores before the notify, and before the next tile's waits
     if (tile_done != nullptr && threadIdx.x == 0) signal_notify<Scope::kSystem>(tile_done + tile, epoch.value());
   }
 }
@@ -420,8 +421,9 @@ void MoeLayer::topk_reduce(const void* y, const float* weights, void* out, cudaS
   TL_REQUIRE(y != nullptr && weights != nullptr && out != nullptr,
              "moe (cuda): topk_reduce: null pointer");
   by_dtype(dtype_, [&](auto t) {
-    topk_reduce_kernel<decltype(t)><<<grid_for(tokens_), kThreads, 0, stream>>>(
-        static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_, 1, 0,
+    constexpr int kTokensABlock = kThreads / 32;  // a warp a token
+    topk_reduce_kernel<decltype(t)><<<grid_for((tokens_ + kTokensABlock - 1) / kTokensABlock), kThreads, 0, stream>>>(
+        static_cast<const uint4*>(y), hidden_ / 8, row_of_pair_, weights, topk_, tokens_, kTokensABlock, 0,
         static_cast<uint4*>(out), nullptr, Epoch{0}, MoeReduceLink{}, ReduceTables{});
   });
   TL_CUDA_CHECK(cudaGetLastError());
