@@ -176,6 +176,8 @@ __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
   __shared__ int64_t claimed;
   __shared__ int listed_count;
   __shared__ int listed_rows[kReduceWaitRows];
+  __shared__ int64_t slot_row[kThreads / 32][32];
+  __shared__ float slot_w[kThreads / 32][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int64_t tiles = (tokens + tile_rows - 1) / tile_rows;
   for (int64_t next = blockIdx.x;; next += gridDim.x) {
@@ -192,15 +194,19 @@ __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
     if (link.pair_done != nullptr)
       wait_for_rows(link, tables, topk, tile * tile_rows, end, epoch, listed_rows, &listed_count);
     for (int64_t t = tile * tile_rows + warp; t < end; t += warps) {
-      // lane s < topk holds slot s's row and weight (topk <= 32)
-      const int64_t my_row = lane < topk ? row_of_pair[t * topk + lane] : -1;
-      const float my_w = lane < topk ? weights[t * topk + lane] : 0.f;
+      // lane s < topk reads slot s's row and weight into the warp's row of the tables (topk <= 32;
+      // through shared memory, not a shuffle: the chunk loop below leaves lanes out where H < 256)
+      if (lane < topk) {
+        slot_row[warp][lane] = row_of_pair[t * topk + lane];
+        slot_w[warp][lane] = weights[t * topk + lane];
+      }
+      __syncwarp();
       for (int64_t c = lane; c < chunks; c += 32) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int s = 0; s < topk; ++s) {
-          const int64_t row = __shfl_sync(0xffffffffu, my_row, s);
-          const float w = __shfl_sync(0xffffffffu, my_w, s);
+          const int64_t row = slot_row[warp][s];
           if (row < 0) continue;
+          const float w = slot_w[warp][s];
           float v[8];
           Chunk8<T>::load(y[row * chunks + c], v);
 #pragma unroll
@@ -208,6 +214,7 @@ __global__ void topk_reduce_kernel(const uint4* __restrict__ y, int64_t chunks,
         }
         out[t * chunks + c] = Chunk8<T>::store(acc);
       }
+      __syncwarp();  // every lane has read the tables before the next token's are written
     }
     __syncthreads();  // every warp's stores before the notify, and before the next tile's waits
     if (tile_done != nullptr && threadIdx.x == 0) signal_notify<Scope::kSystem>(tile_done + tile, epoch.value());

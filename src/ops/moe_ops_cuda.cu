@@ -464,6 +464,12 @@ int MoeGemmRs::gemm_sms(int rank) const { return rt_->split(rank, 0, reduce_sms(
 
 void MoeGemmRs::set_reduce_beside_gemm(bool beside) { reduce_beside_gemm_ = beside; }
 
+void MoeGemmRs::set_completion_keys(int keys) {
+  TL_REQUIRE(keys >= 1 && keys <= kMoeOrderKeys,
+             "moe_gemm_rs: completion keys must be in [1, " << kMoeOrderKeys << "], got " << keys);
+  completion_keys_ = keys;
+}
+
 void MoeGemmRs::check_args(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
                            const std::vector<const float*>& weights, const std::vector<const void*>& w2,
                            const std::vector<void*>& c) const {
@@ -489,7 +495,7 @@ void MoeGemmRs::enqueue_partial(int r, const void* h1, const int32_t* ids, const
     // The GEMM walks its tile rows in completion order and announces each tile; the reduce, on its
     // own SMs on the side stream, takes its tiles as their rows are stored; once the GEMM is done
     // its SMs take the tiles left (one claim counter).
-    layer.order_by_completion(MoeCompletion::make(p.tokens(), kMoeReduceTileRows, first), stream);
+    layer.order_by_completion(MoeCompletion::make(p.tokens(), kMoeReduceTileRows, first, completion_keys_), stream);
     TL_CUDA_CHECK(cudaMemsetAsync(lanes_->claims[r], 0, sizeof(unsigned), stream));
     TL_CUDA_CHECK(cudaEventRecord(lanes_->fork[r], stream));
     TL_CUDA_CHECK(cudaStreamWaitEvent(lanes_->stream[r], lanes_->fork[r], 0));

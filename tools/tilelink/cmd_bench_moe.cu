@@ -151,6 +151,7 @@ struct CaseOptions {
   MoePath fused = MoePath::kOverlap;  // --fused overlap|gathered
   int gather_sms = 0;                 // --gather-sms (overlap): 0, the layer's default
   bool reduce_beside = true;          // --reduce beside|after (moe_gemm_rs over ranks)
+  int completion_keys = 0;            // --completion-keys K (moe_gemm_rs over ranks): 0, the op's default
 };
 
 // One row of the table.
@@ -424,7 +425,10 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
       "Frobenius, the worst rank) within the one-GPU bench's tolerance; auto: the op's choice; layer 1's top-k "
       "reduce %s\n",
       name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup,
-      o.reduce_beside ? "beside the grouped GEMM (--reduce beside)" : "after the grouped GEMM (--reduce after)");
+      o.reduce_beside ? ("beside the grouped GEMM (--reduce beside), completion keys " +
+                         (o.completion_keys > 0 ? std::to_string(o.completion_keys) : std::string("default")))
+                            .c_str()
+                      : "after the grouped GEMM (--reduce after)");
   std::printf("%-13s %6s %-13s | %9s %9s %9s %9s %9s %9s | %7s %7s %7s | %8s %5s | %s\n", "model", "tokens",
               "routing", "unfused", "loop", "fused", "comm", "compute", "ideal", "speedup", "over_b", "overlap",
               "err_b", "check", "auto");
@@ -508,6 +512,7 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
         if (op == MoeBenchOp::kGemmRs) {
           l1 = std::make_unique<tlc::MoeGemmRs>(world, parts, hidden, ffns, experts, topk, o.dtype);
           l1->set_reduce_beside_gemm(o.reduce_beside);
+          if (o.completion_keys > 0) l1->set_completion_keys(o.completion_keys);
         }
         if (op == MoeBenchOp::kMlp) mlp = std::make_unique<tlc::MoeMlp>(world, parts, hidden, ffns, experts, topk, o.dtype);
         auto call = [&](bool fused, const std::vector<void*>& out) {
@@ -610,6 +615,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
   const std::string fused = args.get("--fused", "overlap");
   o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
   const std::string reduce = args.get("--reduce", "beside");
+  o.completion_keys = static_cast<int>(args.get_int_in("--completion-keys", 0, 0, kMoeOrderKeys));
   args.finish();
   TL_REQUIRE(reduce == "beside" || reduce == "after",
              name << ": --reduce must be beside or after, got '" << reduce << "'");
@@ -725,7 +731,8 @@ const char* kUsage =
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world W (1: the layer on one GPU; 2-8: virtual ranks)] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
     "[--fused overlap|gathered] [--gather-sms N (overlap: SMs of the gather kernel)] "
-    "[--reduce beside|after (moe_gemm_rs over ranks: its top-k reduce beside or after the grouped GEMM)]";
+    "[--reduce beside|after (moe_gemm_rs over ranks: its top-k reduce beside or after the grouped GEMM)] "
+    "[--completion-keys K (beside: the phases of the GEMM's walk, 1-64)]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};
 
 }  // namespace

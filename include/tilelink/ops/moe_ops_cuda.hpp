@@ -76,6 +76,9 @@ class FusedRuntime;
 // Tokens a tile of layer 1's top-k reduce (the ReduceScatter's producer tile: kMoeReduceTileRows
 // tokens x H).
 inline constexpr int kMoeReduceTileRows = 128;
+// Layer 1's completion order by default: two phases (the next rank's tokens' tiles first, as the
+// ReduceScatter serves them, then the rest).
+inline constexpr int kMoeCompletionKeys = 2;
 // At most this many ranks (a comm tile a rank; the load warps' wait mask is a 32-bit word).
 inline constexpr int kMoeMaxWorld = 32;
 
@@ -193,6 +196,11 @@ class MoeGemmRs {
   // stored), or after it on the GEMM's SMs (the form before; kept to measure against).
   void set_reduce_beside_gemm(bool beside);
   bool reduce_beside_gemm() const { return reduce_beside_gemm_; }
+  // The completion order's keys (MoeCompletion::make's max_keys, 1 to kMoeOrderKeys): the phases
+  // the GEMM's walk goes through the tokens in; each phase streams every expert's weights it needs
+  // again, so few phases (kMoeCompletionKeys by default).
+  void set_completion_keys(int keys);
+  int completion_keys() const { return completion_keys_; }
 
  private:
   void check_args(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
@@ -215,6 +223,7 @@ class MoeGemmRs {
   struct ReduceLanes;
   std::unique_ptr<ReduceLanes> lanes_;  // the reduce beside the GEMM: its stream, events, claim counter
   bool reduce_beside_gemm_ = true;
+  int completion_keys_ = kMoeCompletionKeys;
 };
 
 class MoeMlp {

@@ -112,12 +112,15 @@ struct MoeCompletion {
   int64_t tokens = 0;    // M
   int reduce_rows = 1;   // tokens a reduce tile
   int first_tile = 0;    // the reduce's first tile
-  int keys = 1;          // min(reduce tiles, kMoeOrderKeys)
+  int keys = 1;          // min(reduce tiles, max_keys)
 
-  static MoeCompletion make(int64_t tokens, int reduce_rows, int first_tile) {
+  // max_keys (1 to kMoeOrderKeys): fewer keys keep more of each expert's tile rows together (the
+  // grouped GEMM's bands reuse an expert's weights in L2 only over its own rows), more let the
+  // reduce start sooner; 1 is the expert-by-expert walk.
+  static MoeCompletion make(int64_t tokens, int reduce_rows, int first_tile, int max_keys = kMoeOrderKeys) {
     MoeCompletion c{tokens, reduce_rows < 1 ? 1 : reduce_rows, first_tile, 1};
-    const int64_t tiles = c.tiles();
-    c.keys = static_cast<int>(tiles < kMoeOrderKeys ? (tiles < 1 ? 1 : tiles) : kMoeOrderKeys);
+    const int64_t tiles = c.tiles(), most = max_keys < 1 ? 1 : (max_keys > kMoeOrderKeys ? kMoeOrderKeys : max_keys);
+    c.keys = static_cast<int>(tiles < most ? (tiles < 1 ? 1 : tiles) : most);
     return c;
   }
   TL_HD int64_t tiles() const { return (tokens + reduce_rows - 1) / reduce_rows; }
