@@ -189,6 +189,24 @@ TEST(MoeRouteCuda, ManyBlocksRaggedChunks) {
   }
 }
 
+// A routing's device tables (tile rows of 128), their host copies, and an order table and its
+// scratch of the most tile rows any routing gives (poisoned: entries past the tile rows show).
+struct Ordered {
+  Tables tb;
+  std::vector<int64_t> offsets, pair_of_row;
+  std::vector<int> first;
+  DeviceArray<int> order;
+  DeviceArray<uint8_t> keys;
+  Ordered(test::Rng& rng, int64_t tokens, int topk, int experts, test::Routing how)
+      : tb(tokens, topk, experts),
+        order(DynamicSegmentTiling::max_num_tiles(tokens * topk, experts, 128)),
+        keys(DynamicSegmentTiling::max_num_tiles(tokens * topk, experts, 128)) {
+    tb.t.grid = DynamicTileGrid::make(DynamicRowPartition::make(experts, tb.offsets.p), 1, 128, 1, tb.first.p);
+    tb.route_now(test::draw_ids(rng, tokens, topk, experts, how));
+    offsets = tb.offsets.host(), pair_of_row = tb.pair_of_row.host(), first = tb.first.host();
+  }
+};
+
 // The arrival order of the grouped tile rows (moe_arrival_order_async) equals the host form
 // (ops/moe_routing.hpp's moe_arrival_row_order) over the device's own tables: worlds 1 to 64,
 // ragged and empty segments, every routing pattern, up to 1024 experts and 40,000 tile rows' worth
@@ -205,14 +223,12 @@ TEST(MoeRouteCuda, ArrivalOrderMatchesTheHostForm) {
     SCOPED_TRACE(::testing::Message() << "trial " << trial << " world " << world << " tokens " << tokens << " topk "
                                       << topk << " experts " << experts << " " << test::name(how));
     const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, world));
-    Tables tb(tokens, topk, experts);
-    tb.t.grid = DynamicTileGrid::make(DynamicRowPartition::make(experts, tb.offsets.p), 1, 128, 1, tb.first.p);
-    tb.route_now(test::draw_ids(rng, tokens, topk, experts, how));
-    const std::vector<int64_t> offsets = tb.offsets.host(), pair_of_row = tb.pair_of_row.host();
-    const std::vector<int> first = tb.first.host();
-    const int64_t max_rows = DynamicSegmentTiling::max_num_tiles(tokens * topk, experts, 128);
-    DeviceArray<int> order(max_rows);
-    DeviceArray<uint8_t> keys(max_rows);
+    const Ordered o(rng, tokens, topk, experts, how);
+    const Tables& tb = o.tb;
+    const std::vector<int64_t>&offsets = o.offsets, &pair_of_row = o.pair_of_row;
+    const std::vector<int>& first = o.first;
+    const DeviceArray<int>& order = o.order;
+    const DeviceArray<uint8_t>& keys = o.keys;
     for (int rank : {0, world - 1, rng.uniform_int(0, world - 1)}) {
       SCOPED_TRACE(::testing::Message() << "rank " << rank);
       cuda::moe_arrival_order_async(tb.offsets.p, tb.first.p, experts, 128, tb.pair_of_row.p, topk, part, rank,
@@ -253,14 +269,12 @@ TEST(MoeRouteCuda, CompletionOrderMatchesTheHostForm) {
     SCOPED_TRACE(::testing::Message() << "trial " << trial << " tokens " << tokens << " topk " << topk << " experts "
                                       << experts << " " << test::name(how) << " reduce rows " << reduce_rows
                                       << " first tile " << c.first_tile << " keys " << c.keys);
-    Tables tb(tokens, topk, experts);
-    tb.t.grid = DynamicTileGrid::make(DynamicRowPartition::make(experts, tb.offsets.p), 1, 128, 1, tb.first.p);
-    tb.route_now(test::draw_ids(rng, tokens, topk, experts, how));
-    const std::vector<int64_t> offsets = tb.offsets.host(), pair_of_row = tb.pair_of_row.host();
-    const std::vector<int> first = tb.first.host();
-    const int64_t max_rows = DynamicSegmentTiling::max_num_tiles(tokens * topk, experts, 128);
-    DeviceArray<int> order(max_rows);
-    DeviceArray<uint8_t> keys(max_rows);
+    const Ordered o(rng, tokens, topk, experts, how);
+    const Tables& tb = o.tb;
+    const std::vector<int64_t>&offsets = o.offsets, &pair_of_row = o.pair_of_row;
+    const std::vector<int>& first = o.first;
+    const DeviceArray<int>& order = o.order;
+    const DeviceArray<uint8_t>& keys = o.keys;
     cuda::moe_completion_order_async(tb.offsets.p, tb.first.p, experts, 128, tb.pair_of_row.p, topk, c, order.p,
                                      keys.p, nullptr);
     TL_CUDA_CHECK(cudaDeviceSynchronize());

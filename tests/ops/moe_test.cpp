@@ -134,6 +134,14 @@ TEST(MoeRouting, RefusesBadIds) {
   EXPECT_FALSE(moe_route(ids.data(), 2, 2, 4, counts.data(), offsets.data(), rows.data(), pairs.data()));
 }
 
+// The routing's first-tile table in tile rows of tile_rows rows (first[e]: the tile rows before e).
+std::vector<int> first_tile_rows(const MoeRouting& r, int tile_rows) {
+  std::vector<int> first(r.experts + 1, 0);
+  for (int e = 0; e < r.experts; ++e)
+    first[e + 1] = first[e] + static_cast<int>((r.counts[e] + tile_rows - 1) / tile_rows);
+  return first;
+}
+
 // The arrival order of layer 0's grouped tile rows (ops/moe_routing.hpp): a stable sort by the
 // latest owner position among each tile row's tokens, against brute force; the plan's pull order
 // agrees with moe_row_arrival.
@@ -147,9 +155,7 @@ TEST(MoeRouting, ArrivalOrderSortsTileRowsByTheirLatestToken) {
     const Routing how = rng.pick(std::vector<Routing>{Routing::kUniform, Routing::kSkewed, Routing::kOneExpert,
                                                       Routing::kEmptyExperts});
     const MoeRouting r = moe_route(draw_ids(rng, tokens, topk, experts, how), tokens, topk, experts);
-    std::vector<int> first(experts + 1, 0);
-    for (int e = 0; e < experts; ++e)
-      first[e + 1] = first[e] + static_cast<int>((r.counts[e] + tile_rows - 1) / tile_rows);
+    const std::vector<int> first = first_tile_rows(r, tile_rows);
     for (int rank = 0; rank < world; ++rank) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(rank) + " experts " +
                    std::to_string(experts) + " top-" + std::to_string(topk) + " tile rows " + std::to_string(tile_rows));
@@ -197,9 +203,7 @@ TEST(MoeRouting, CompletionOrderSortsTileRowsByTheirEarliestReduceTile) {
     const Routing how = rng.pick(std::vector<Routing>{Routing::kUniform, Routing::kSkewed, Routing::kOneExpert,
                                                       Routing::kEmptyExperts});
     const MoeRouting r = moe_route(draw_ids(rng, tokens, topk, experts, how), tokens, topk, experts);
-    std::vector<int> first(experts + 1, 0);
-    for (int e = 0; e < experts; ++e)
-      first[e + 1] = first[e] + static_cast<int>((r.counts[e] + tile_rows - 1) / tile_rows);
+    const std::vector<int> first = first_tile_rows(r, tile_rows);
     const int64_t tiles = (tokens + reduce_rows - 1) / reduce_rows;
     const int first_tile = static_cast<int>(rng.uniform(0, tiles - 1));
     const MoeCompletion c = MoeCompletion::make(tokens, reduce_rows, first_tile);
