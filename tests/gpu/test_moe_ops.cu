@@ -131,8 +131,8 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
   const std::vector<int64_t> ffn(W, c.ffn);
   tlc::MoeAgGemm layer0(world, parts, c.hidden, ffn, c.experts, c.topk, c.dtype);
   tlc::MoeGemmRs layer1(world, parts, c.hidden, ffn, c.experts, c.topk, c.dtype);
-  tlc::MoeGemmRs layer1_after(world, parts, c.hidden, ffn, c.experts, c.topk, c.dtype);  // the reduce after the GEMM
-  layer1_after.set_reduce_beside_gemm(false);
+  tlc::MoeGemmRs layer1_beside(world, parts, c.hidden, ffn, c.experts, c.topk, c.dtype);  // the reduce beside the GEMM
+  layer1_beside.set_reduce_beside_gemm(true);
   tlc::MoeMlp mlp(world, parts, c.hidden, ffn, c.experts, c.topk, c.dtype);
   test::Rng rng(seed);
   const int64_t h = c.hidden, f = c.ffn, eb = dtype_size(c.dtype);
@@ -143,7 +143,7 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
     std::vector<int64_t> out0_bytes(W, in.rows * f * eb), out1_bytes(W);
     for (int r = 0; r < W; ++r) out1_bytes[r] = parts.size(r) * h * eb;
     auto o0 = outputs(world, out0_bytes), o0u = outputs(world, out0_bytes);
-    auto o1 = outputs(world, out1_bytes), o1u = outputs(world, out1_bytes), o1a = outputs(world, out1_bytes);
+    auto o1 = outputs(world, out1_bytes), o1u = outputs(world, out1_bytes), o1s = outputs(world, out1_bytes);
     auto om = outputs(world, out1_bytes), omu = outputs(world, out1_bytes);
     auto o0b = outputs(world, out0_bytes), o1b = outputs(world, out1_bytes), omb = outputs(world, out1_bytes);
     const auto x = in.each<const void*>(in.d_x, true);
@@ -160,8 +160,8 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
     world.sync("moe_gemm_rs");
     layer1.run_unfused(in.each<const void*>(in.d_h1), all_ids, all_wts, in.each<const void*>(in.d_w2), ptrs(o1u));
     world.sync("moe_gemm_rs(unfused)");
-    layer1_after.run(in.each<const void*>(in.d_h1), all_ids, all_wts, in.each<const void*>(in.d_w2), ptrs(o1a));
-    world.sync("moe_gemm_rs(reduce after the GEMM)");
+    layer1_beside.run(in.each<const void*>(in.d_h1), all_ids, all_wts, in.each<const void*>(in.d_w2), ptrs(o1s));
+    world.sync("moe_gemm_rs(reduce beside the GEMM)");
     mlp.run(x, ids, wts, in.each<const void*>(in.d_w1m), in.each<const void*>(in.d_w2), ptrs(om));
     world.sync("moe_mlp");
     mlp.run_unfused(x, ids, wts, in.each<const void*>(in.d_w1m), in.each<const void*>(in.d_w2), ptrs(omu));
@@ -193,7 +193,7 @@ void check_case(const Case& c, const std::vector<Routing>& routings, uint64_t se
       if (count == 0) continue;
       const Bytes g1 = o1[r]->host(), g1u = o1u[r]->host();
       EXPECT_EQ(0, std::memcmp(g1.data(), g1u.data(), g1.size())) << "layer 1: fused != unfused";
-      EXPECT_EQ(0, std::memcmp(o1a[r]->host().data(), g1u.data(), g1.size())) << "layer 1, reduce after: != unfused";
+      EXPECT_EQ(0, std::memcmp(o1s[r]->host().data(), g1u.data(), g1.size())) << "layer 1, reduce beside: != unfused";
       EXPECT_LT(rel_error(g1, c.dtype, partial1, first, count), 2e-2);
       EXPECT_LT(rel_error(o1b[r]->host(), c.dtype, partial1, first, count), 2e-2) << "layer 1's expert loop";
       const Bytes gm = om[r]->host(), gmu = omu[r]->host();

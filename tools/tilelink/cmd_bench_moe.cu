@@ -150,7 +150,7 @@ struct CaseOptions {
   bool check;
   MoePath fused = MoePath::kOverlap;  // --fused overlap|gathered
   int gather_sms = 0;                 // --gather-sms (overlap): 0, the layer's default
-  bool reduce_beside = true;          // --reduce beside|after (moe_gemm_rs over ranks)
+  bool reduce_beside = false;         // --reduce beside|after (moe_gemm_rs over ranks)
   int completion_keys = 0;            // --completion-keys K (moe_gemm_rs over ranks): 0, the op's default
 };
 
@@ -614,7 +614,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
   const bool csv = args.flag("--csv");
   const std::string fused = args.get("--fused", "overlap");
   o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
-  const std::string reduce = args.get("--reduce", "beside");
+  const std::string reduce = args.get("--reduce", "after");
   o.completion_keys = static_cast<int>(args.get_int_in("--completion-keys", 0, 0, kMoeOrderKeys));
   args.finish();
   TL_REQUIRE(reduce == "beside" || reduce == "after",

@@ -29,14 +29,18 @@
 //                    reduce takes first go first), then the grouped GEMM into Y [M * topk, H] walking
 //                    them in that order on the rank's SMs less the reduces', its notify hook
 //                    announcing each stored tile (pair_done, the plan's)
-//   top-k reduce     beside the GEMM, on a third stream of the rank and topk_sms() SMs: by tiles of
+//   top-k reduce     after the GEMM on its SMs (the default: measured faster on one GPU, below), or
+//                    with set_reduce_beside_gemm(true) beside it, on a third stream of the rank and
+//                    topk_sms() SMs: by tiles of
 //                    kMoeReduceTileRows tokens into the symmetric partial P_r, the next rank's
 //                    tokens first; a tile first waits for the GEMM tiles of its tokens' rows (a
 //                    dynamic mapping: token range -> each expert's run of rows -> tile rows; bounded,
 //                    SignalField::kTileDone), and is announced (tile_done) once stored. Tiles are
 //                    claimed from one counter, so once the GEMM ends its SMs take what is left.
-//                    (set_reduce_beside_gemm(false): the reduce after the GEMM on its SMs, as measured
-//                    before.)
+//                    On virtual ranks of one H200 beside measured 0.56-0.70 of unfused against
+//                    after's 0.76-0.80 on mixtral (bench/results/2026-12-05_h200_moe_ranks.md): the
+//                    SMs it holds cost the GEMM more than its overlap gains where the comm is a
+//                    same-HBM copy; it is there for separate GPUs, not yet measured.
 //   comm program     the ReduceScatter (comm/reduce_scatter.hpp, pull) on its own SMs, launched
 //                    before the GEMM: each band of the rank's tokens, once every source announced
 //                    its tile, summed over sources in rank order (fp32, rounded once); once the
@@ -191,9 +195,9 @@ class MoeGemmRs {
   int reduce_sms(int rank) const;
   int topk_sms(int rank) const;
   int gemm_sms(int rank) const;
-  // The fused call's top-k reduce: beside the grouped GEMM (the default: the GEMM walks its tile
-  // rows in completion order and announces each tile, the reduce takes its tiles as their rows are
-  // stored), or after it on the GEMM's SMs (the form before; kept to measure against).
+  // The fused call's top-k reduce: after the grouped GEMM on its SMs (the default, measured faster
+  // on one GPU), or beside it (the GEMM walks its tile rows in completion order and announces each
+  // tile, the reduce takes its tiles as their rows are stored).
   void set_reduce_beside_gemm(bool beside);
   bool reduce_beside_gemm() const { return reduce_beside_gemm_; }
   // The completion order's keys (MoeCompletion::make's max_keys, 1 to kMoeOrderKeys): the phases
@@ -222,7 +226,7 @@ class MoeGemmRs {
   std::vector<int64_t> loop_offsets_;  // baseline (b): an expert loop's sizes on the host
   struct ReduceLanes;
   std::unique_ptr<ReduceLanes> lanes_;  // the reduce beside the GEMM: its stream, events, claim counter
-  bool reduce_beside_gemm_ = true;
+  bool reduce_beside_gemm_ = false;
   int completion_keys_ = kMoeCompletionKeys;
 };
 
