@@ -122,8 +122,7 @@ std::vector<int> moe_arrival_row_order(std::span<const int64_t> offsets, std::sp
 
 std::vector<int> moe_completion_row_order(std::span<const int64_t> offsets, std::span<const int> first, int tile_rows,
                                           std::span<const int64_t> pair_of_row, int topk, const MoeCompletion& c) {
-  TL_REQUIRE(c.tokens >= 1 && c.reduce_rows >= 1 && c.keys >= 1 && c.keys <= kMoeOrderKeys && c.first_tile >= 0 &&
-                 c.first_tile < c.tiles(),
+  TL_REQUIRE(c.valid(),
              "moe_completion_row_order: bad completion (tokens " << c.tokens << ", reduce rows " << c.reduce_rows
                                                                  << ", first tile " << c.first_tile << ", keys "
                                                                  << c.keys << ")");

@@ -224,18 +224,13 @@ TEST(MoeRouteCuda, ArrivalOrderMatchesTheHostForm) {
                                       << topk << " experts " << experts << " " << test::name(how));
     const RowPartition part = RowPartition::from_counts(rng.uneven_counts(tokens, world));
     const Ordered o(rng, tokens, topk, experts, how);
-    const Tables& tb = o.tb;
-    const std::vector<int64_t>&offsets = o.offsets, &pair_of_row = o.pair_of_row;
-    const std::vector<int>& first = o.first;
-    const DeviceArray<int>& order = o.order;
-    const DeviceArray<uint8_t>& keys = o.keys;
     for (int rank : {0, world - 1, rng.uniform_int(0, world - 1)}) {
       SCOPED_TRACE(::testing::Message() << "rank " << rank);
-      cuda::moe_arrival_order_async(tb.offsets.p, tb.first.p, experts, 128, tb.pair_of_row.p, topk, part, rank,
-                                    order.p, keys.p, nullptr);
+      cuda::moe_arrival_order_async(o.tb.offsets.p, o.tb.first.p, experts, 128, o.tb.pair_of_row.p, topk, part, rank,
+                                    o.order.p, o.keys.p, nullptr);
       TL_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<int> want = moe_arrival_row_order(offsets, first, 128, pair_of_row, topk, part, rank);
-      std::vector<int> got = order.host();
+      const std::vector<int> want = moe_arrival_row_order(o.offsets, o.first, 128, o.pair_of_row, topk, part, rank);
+      std::vector<int> got = o.order.host();
       for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0x7b7b7b7b) << "entry " << i << " written";
       got.resize(want.size());
       ASSERT_EQ(got, want);
@@ -270,16 +265,11 @@ TEST(MoeRouteCuda, CompletionOrderMatchesTheHostForm) {
                                       << experts << " " << test::name(how) << " reduce rows " << reduce_rows
                                       << " first tile " << c.first_tile << " keys " << c.keys);
     const Ordered o(rng, tokens, topk, experts, how);
-    const Tables& tb = o.tb;
-    const std::vector<int64_t>&offsets = o.offsets, &pair_of_row = o.pair_of_row;
-    const std::vector<int>& first = o.first;
-    const DeviceArray<int>& order = o.order;
-    const DeviceArray<uint8_t>& keys = o.keys;
-    cuda::moe_completion_order_async(tb.offsets.p, tb.first.p, experts, 128, tb.pair_of_row.p, topk, c, order.p,
-                                     keys.p, nullptr);
+    cuda::moe_completion_order_async(o.tb.offsets.p, o.tb.first.p, experts, 128, o.tb.pair_of_row.p, topk, c,
+                                     o.order.p, o.keys.p, nullptr);
     TL_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<int> want = moe_completion_row_order(offsets, first, 128, pair_of_row, topk, c);
-    std::vector<int> got = order.host();
+    const std::vector<int> want = moe_completion_row_order(o.offsets, o.first, 128, o.pair_of_row, topk, c);
+    std::vector<int> got = o.order.host();
     for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0x7b7b7b7b) << "entry " << i << " written";
     got.resize(want.size());
     ASSERT_EQ(got, want);

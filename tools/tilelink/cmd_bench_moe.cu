@@ -414,6 +414,10 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
   const BenchGpu gpu = require_sm90_gpu(std::string("bench ") + name);
   std::printf("# date %s; device %s, %d SMs; commit %s\n", utc_now().c_str(), gpu.prop.name, gpu.sms,
               source_commit().c_str());
+  const std::string reduce_form =
+      o.reduce_beside ? "beside the grouped GEMM (--reduce beside), completion keys " +
+                            (o.completion_keys > 0 ? std::to_string(o.completion_keys) : std::string("default"))
+                      : std::string("after the grouped GEMM (--reduce after)");
   std::printf(
       "# bench %s: %s, world %d virtual ranks on one GPU (each its green context's SMs), F / W of every expert a "
       "rank, M / W tokens a rank; unfused = baseline (a): the copy engine's AllGathers, then the routing, a gather "
@@ -424,11 +428,7 @@ int bench_moe_ranks(const CaseOptions& o, const std::vector<size_t>& models, con
       "check: fused and unfused bit-identical on every rank, and err_b (the loop against unfused, relative, "
       "Frobenius, the worst rank) within the one-GPU bench's tolerance; auto: the op's choice; layer 1's top-k "
       "reduce %s\n",
-      name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup,
-      o.reduce_beside ? ("beside the grouped GEMM (--reduce beside), completion keys " +
-                         (o.completion_keys > 0 ? std::to_string(o.completion_keys) : std::string("default")))
-                            .c_str()
-                      : "after the grouped GEMM (--reduce after)");
+      name, std::string(dtype_name(o.dtype)).c_str(), W, o.reps, o.warmup, reduce_form.c_str());
   std::printf("%-13s %6s %-13s | %9s %9s %9s %9s %9s %9s | %7s %7s %7s | %8s %5s | %s\n", "model", "tokens",
               "routing", "unfused", "loop", "fused", "comm", "compute", "ideal", "speedup", "over_b", "overlap",
               "err_b", "check", "auto");

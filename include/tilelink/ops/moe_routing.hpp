@@ -124,6 +124,11 @@ struct MoeCompletion {
     return c;
   }
   TL_HD int64_t tiles() const { return (tokens + reduce_rows - 1) / reduce_rows; }
+  // What the orders require (make() gives it for any first_tile in [0, tiles())).
+  TL_HD bool valid() const {
+    return tokens >= 1 && reduce_rows >= 1 && keys >= 1 && keys <= kMoeOrderKeys && first_tile >= 0 &&
+           first_tile < tiles();
+  }
   // The key of `token` (0 <= token < tokens): its reduce tile's place, in keys steps.
   TL_HD int of_token(int64_t token) const {
     const int64_t n = tiles();

@@ -443,9 +443,7 @@ void moe_completion_order_async(const int64_t* offsets, const int* first_tile_ro
                                 uint8_t* keys, cudaStream_t stream) {
   TL_REQUIRE(experts >= 1 && experts <= kMoeRouteMaxExperts,
              "moe_completion_order: experts must be in [1, " << kMoeRouteMaxExperts << "], got " << experts);
-  TL_REQUIRE(completion.tokens >= 1 && completion.reduce_rows >= 1 && completion.keys >= 1 &&
-                 completion.keys <= kMoeOrderKeys && completion.first_tile >= 0 &&
-                 completion.first_tile < completion.tiles(),
+  TL_REQUIRE(completion.valid(),
              "moe_completion_order: bad completion (tokens " << completion.tokens << ", reduce rows "
                                                              << completion.reduce_rows << ", first tile "
                                                              << completion.first_tile << ", keys " << completion.keys
