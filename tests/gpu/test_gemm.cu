@@ -650,10 +650,15 @@ struct WidthCase {
 };
 void check_tile_width(int tile_n,
                       std::initializer_list<std::tuple<int64_t, int64_t, int64_t>> aligned,
-                      std::pair<int64_t, int64_t> nk, std::initializer_list<WidthCase> cases) {
-  SCOPED_TRACE(::testing::Message() << "tile_n " << tile_n);
-  auto at = [tile_n](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                     DType out = DType::kBF16) { return shape(m, n, k, in, out, tile_n); };
+                      std::pair<int64_t, int64_t> nk, std::initializer_list<WidthCase> cases,
+                      int tile_m = 0) {
+  SCOPED_TRACE(::testing::Message() << "tile " << tile_m << " x " << tile_n);
+  auto at = [tile_n, tile_m](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                             DType out = DType::kBF16) {
+    GemmArgs a = shape(m, n, k, in, out, tile_n);
+    a.tile_m = tile_m;
+    return a;
+  };
   for (auto [m, n, k] : aligned) run_and_check(at(m, n, k));
   for (int64_t m : {1, 17, 64, 65, 1000}) {
     for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(at(m, n, k));
@@ -680,7 +685,8 @@ void check_tile_width(int tile_n,
     if (c.split) ws.emplace(c.args);
     const GemmWork w = gemm_work(c.args);
     EXPECT_EQ(w.tile_n, tile_n);
-    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, tile_n).num_tiles());
+    EXPECT_EQ(w.tile_m, tile_m == 0 ? kTileM : tile_m);
+    EXPECT_EQ(w.tiles, gemm_tile_grid(c.args.m, c.args.n, tile_n, w.tile_m).num_tiles());
     EXPECT_EQ(gemm_tma_store_config(c.args.out_type, w.tiles, w.blocks), c.tma_store);
     EXPECT_EQ(w.split.tiles > 0, c.split);
     for (int rep = 0; rep < 2; ++rep) run_and_check(c.args);
@@ -714,6 +720,128 @@ TEST(Sm90Gemm, LeanTiles) {
                     {lean(300, 776, 6144), 48, false, true},   // 15 on 48: 3 parts of 32
                     {lean(17, 200, 8192), 8, false, true},     // 2 tiles on 8: 4 parts
                     {lean(1000, 1112, 1000, DType::kF16, DType::kF32), 24, false, true}});
+}
+
+// The plain engine's 176-wide tiles (kTileNFit; gemm() only, never split): a width whose TMA store
+// ends in a 48-column tail box and whose staged store ends in a 48-column chunk (N = 1064 leaves a
+// last tile of 8 columns, N = 1056 a whole one). A workspace is never used: gemm_work gives no split
+// where the hooked widths would split.
+TEST(Sm90Gemm, FitTiles) {
+  auto fit = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNFit); };
+  check_tile_width(kTileNFit, {{128, 176, 64}, {1000, 1056, 1032}, {2048, 2112, 1024}},
+                   {1064, 1032},
+                   {{fit(1000, 1064, 520), 7, true, false},    // 56 tiles: 8 a block
+                    {fit(1000, 1056, 520), 7, true, false},    // the last tile column whole
+                    {fit(1000, 1064, 1000), 24, true, false},  // 8 of 56 past 2 waves: not split
+                    {fit(300, 776, 6144), 48, false, false},
+                    {fit(1000, 1064, 1000, DType::kF16, DType::kF32), 24, false, false}});
+  GemmArgs a = fit(1000, 1064, 1000);
+  a.num_sms = 24;
+  SplitWorkspace ws(a);  // sized for the hooked widths' pick; the 176-wide launch ignores it
+  EXPECT_EQ(gemm_work(a).split.tiles, 0);
+  EXPECT_EQ(gemm_workspace_bytes(a), 0);
+  run_and_check(a);
+}
+
+// The plain engine's 256-row tiles (kTileMTall x kTileNTall; two 64-row slabs a consumer warpgroup,
+// the staged store slab by slab, register stores only): ragged rows and columns, every dtype pair,
+// kReduceAdd, strided and unaligned C, several tiles a block, and a ragged last tile row of every
+// remainder class around the 64- and 128-row slabs (the short A box of up to 256 rows).
+TEST(Sm90Gemm, TallTiles) {
+  auto tall = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                 DType out = DType::kBF16) {
+    GemmArgs a = shape(m, n, k, in, out, kTileNTall);
+    a.tile_m = kTileMTall;
+    return a;
+  };
+  check_tile_width(kTileNTall, {{256, 160, 64}, {1024, 1120, 1032}, {2048, 2240, 1024}},
+                   {1112, 1032},
+                   {{tall(1000, 1112, 520), 7, true, false},  // 28 tiles: 4 a block
+                    {tall(3000, 5000, 2048), 132, true, false},
+                    {tall(1000, 1112, 1000, DType::kF16, DType::kF32), 24, false, false}},
+                   kTileMTall);
+  for (int64_t rows : {1, 8, 9, 63, 64, 65, 127, 128, 129, 192, 200, 255}) {
+    for (int64_t m : {rows, 256 + rows}) run_and_check(tall(m, 328, 1032));
+  }
+  EXPECT_EQ(gemm_work(tall(1000, 1112, 520)).tiles, 4 * 7);
+  // a named tile_m of 256 takes 160 columns; any other width is refused
+  GemmArgs named = shape(1000, 1112, 520, DType::kBF16, DType::kBF16, 0);
+  named.tile_m = kTileMTall;
+  EXPECT_EQ(gemm_work(named).tile_n, kTileNTall);
+  named.tile_n = kTileN;
+  EXPECT_THROW(gemm_work(named), tilelink::Error);
+  named.tile_m = 192;
+  EXPECT_THROW(gemm_work(named), tilelink::Error);
+}
+
+// The plain engine's tiles run no hooks: a hooked launch that names one is refused before anything
+// launches, and its pick never takes one.
+struct NotifyNothingHooks {
+  static constexpr bool kWaits = false;
+  static constexpr bool kNotifies = true;
+  __device__ void after_tile_stored(const TileWork&) const {}
+};
+TEST(Sm90Gemm, PlainTilesRefuseHooks) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, 1 << 20));
+  for (auto [tm, tn] : {std::pair{kTileMTall, 0}, {0, kTileNFit}, {kTileM, kTileNFit}}) {
+    GemmArgs a = shape(256, 256, 64, DType::kBF16, DType::kBF16, tn);
+    a.tile_m = tm;
+    a.a = a.b = a.c = p;
+    EXPECT_THROW((launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(a, NotifyNothingHooks{}, 0)),
+                 tilelink::Error)
+        << tm << " x " << tn;
+  }
+  CK(cudaDeviceSynchronize());
+  CK(cudaFree(p));
+  for (auto [m, n, k] : {std::tuple{2048, 7168, 2048}, {3000, 5000, 7168}}) {
+    GemmArgs a = shape(m, n, k, DType::kBF16, DType::kBF16, 0);
+    a.num_sms = 132;
+    EXPECT_EQ(gemm_work(a).tile_m, kTileM);
+    EXPECT_FALSE(gemm_plain_only_tile(gemm_tile_grid(a).tile_m, gemm_tile_grid(a).tile_n));
+  }
+}
+
+// The plain engine's pick (gemm() with tile_n and tile_m 0): its own tiles where their whole waves
+// cost less than the hooked widths' (split) ones; never below kPlainTileMinRows rows, never where
+// their own last wave is at most half full, never with a start_m or row bands; the launch correct.
+TEST(Sm90Gemm, PlainPick) {
+  const GemmTile fit{kTileM, kTileNFit}, tall{kTileMTall, kTileNTall};
+  auto is = [](GemmTile a, GemmTile b) { return a.m == b.m && a.n == b.n; };
+  // 2048x7168: 656 tiles of 176 (4.97 waves) against 448 of 256 (3.4); 3000x5000: 384 of 256x160
+  // (2.9) against 480 of 256 (3.6)
+  EXPECT_TRUE(is(gemm_pick_tile(2048, 7168, 2048, 132, true), fit));
+  EXPECT_TRUE(is(gemm_pick_tile(2048, 7168, 8192, 132, true), fit));
+  EXPECT_TRUE(is(gemm_pick_tile(3000, 5000, 7168, 132, true), tall));
+  for (auto [m, n, k] : {std::tuple{2048, 7168, 2048}, {3000, 5000, 7168}}) {
+    EXPECT_EQ(gemm_pick_tile(m, n, k, 132, false).m, kTileM);
+    EXPECT_FALSE(gemm_plain_only_tile(gemm_pick_tile(m, n, k, 132, false).m,
+                                      gemm_pick_tile(m, n, k, 132, false).n));
+  }
+  EXPECT_FALSE(gemm_plain_only_tile(gemm_pick_tile(1000, 7168, 2048, 132, true).m,
+                                    gemm_pick_tile(1000, 7168, 2048, 132, true).n));
+  // the reference shapes keep their hooked picks
+  for (auto [m, n, k] : {std::tuple{8192, 3584, 8192}, {16384, 1024, 8192}, {2048, 28672, 8192}}) {
+    EXPECT_TRUE(is(gemm_pick_tile(m, n, k, 132, true), gemm_pick_tile(m, n, k, 132, false)))
+        << m << "x" << n << "x" << k;
+  }
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (auto [m, n, k, want] : {std::tuple{2048, 7168, 2048, fit}, {3000, 5000, 1024, tall}}) {
+    GemmArgs a = shape(m, n, k, DType::kBF16, DType::kBF16, 0);
+    a.num_sms = std::min(132, sms);
+    EXPECT_TRUE(is(gemm_pick_tile(m, n, k, 132, true), want));
+    if (a.num_sms != 132) want = gemm_pick_tile(m, n, k, a.num_sms, true);
+    const GemmWork w = gemm_work(a, true);
+    EXPECT_TRUE(is({w.tile_m, w.tile_n}, want)) << m << "x" << n << "x" << k;
+    EXPECT_EQ(gemm_tile_grid(a, true).tile_m, want.m);
+    SplitWorkspace ws(a);
+    run_and_check(a);
+    a.start_m = 1;  // tile rows named: 128-row tiles
+    EXPECT_EQ(gemm_work(a, true).tile_m, kTileM);
+    run_and_check(a);
+  }
 }
 
 // A ragged last tile row (M % 128 != 0) loads A in a box of its own rows (rounded up to 8), the

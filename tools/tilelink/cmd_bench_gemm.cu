@@ -35,8 +35,11 @@
 // and descriptors included; cuBLAS: cublasGemmEx), 200 calls enqueued back to back without a sync
 // after 20 untimed ones, median of 5 such batches: what an eager (not graph-captured) caller pays
 // on the CPU for each GEMM.
-// --tile-n N: every launch (engine and hooks) with N-wide tiles (GemmArgs::tile_n); 0, the default:
-// the engine's pick (gemm_pick_tile_n), listed after the table where it is narrower than 256.
+// --tile-n N, --tile-m R: every launch (engine and hooks) with R x N tiles (GemmArgs::tile_n,
+// tile_m); 0, the default: the engine's pick (gemm_pick_tile), listed after the table where it is
+// not 128x256. The plain engine's own tiles (176 wide, or 256x160) run no hooks: where the engine
+// column takes one, the hooks columns are measured against a plain launch of the hooked widths'
+// pick (the hooks' own tile), timed in the same reps; where one is named, they are "-".
 // --kernel auto|tile|decode: the engine column's kernel (GemmArgs::kernel). auto, the default,
 // runs the decode kernel where gemm_takes_decode says so (gemm_decode_shape, M <= 128; with
 // --tile-n 0 and --num-sms 0); those shapes are listed after the table, and their hooks columns
@@ -179,6 +182,7 @@ int bench_gemm(Args& args) {
   const bool no_split = args.flag("--no-split");  // no workspace: the last wave is never split
   const bool host_us = args.flag("--host-us");
   const int tile_n = static_cast<int>(args.get_int("--tile-n", 0));  // 0: the engine picks
+  const int tile_m = static_cast<int>(args.get_int("--tile-m", 0));
   const std::string kernel_name = args.get("--kernel", "auto");
   args.finish();
   sm90::GemmKernel kernel = sm90::GemmKernel::kAuto;
@@ -202,8 +206,10 @@ int bench_gemm(Args& args) {
   std::printf(
       "# device: %s, %d SMs, L2 %d MB; engine tile %dx%sx%d, num_sms %d; %s -> %s; reps %d, warmup "
       "%d%s%s%s\n",
-      prop.name, sms, l2 >> 20, sm90::kTileM,
-      tile_n ? std::to_string(tile_n).c_str() : "(256|192|160|128: gemm_pick_tile_n)", sm90::kTileK,
+      prop.name, sms, l2 >> 20, tile_m ? tile_m : sm90::kTileM,
+      tile_n ? std::to_string(tile_n).c_str()
+             : "(256|192|176|160|128, or 256x160: gemm_pick_tile)",
+      sm90::kTileK,
       num_sms ? num_sms : sms, std::string(dtype_name(in)).c_str(),
       std::string(dtype_name(out)).c_str(), reps, warmup,
       hot_signals ? "; wait signals rewritten after every flush (--hot-signals)" : "",
@@ -222,7 +228,7 @@ int bench_gemm(Args& args) {
     std::printf(
         "m,n,k,engine_tflops,cublas_tflops,ratio,hooks_tflops,hooks_pct,aa_pct,aa_half_iqr_pct,"
         "wait_only_pct,notify_only_pct,ag_type_pct,rs_type_pct,err_engine,err_hooks,err_cublas,"
-        "hooks_us,tile_n,kernel,split\n");
+        "hooks_us,tile_n,kernel,split,tile_m\n");
   else
     std::printf("%6s %6s %6s | %7s %7s %6s | %7s %7s %11s %7s %7s | %6s %6s | %8s %8s %8s\n", "M",
                 "N", "K", "engine", "cuBLAS", "ratio", "hooks", "hooks+%", "A/A% (+-)", "wait+%",
@@ -230,7 +236,7 @@ int bench_gemm(Args& args) {
 
   std::vector<double> ratios, overheads, overheads_us, aa_abs, ag_overheads, rs_overheads,
       sustained_ratios;
-  std::string narrow_shapes;  // shapes whose tiles are narrower than kTileN, and the width
+  std::string narrow_shapes;  // shapes whose tiles are not 128 x kTileN, and the tile
   std::string decode_shapes;  // shapes whose engine column is the decode kernel
   bool all_ok = true;
   for (const Shape3& sh : shapes) {
@@ -240,15 +246,24 @@ int bench_gemm(Args& args) {
     uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
     sm90::GemmArgs ga;
     ga.m = m, ga.n = n, ga.k = k, ga.num_sms = num_sms, ga.tile_n = tile_n, ga.kernel = kernel;
+    ga.tile_m = tile_m;
     const bool decode = sm90::gemm_takes_decode(ga);
-    const bool hooks_on = hooks_type && !decode;     // hooks run in the tile engine only
-    const TileGrid grid = sm90::gemm_tile_grid(ga);  // the hooks' tiles: the launch's width
+    // hooks run in the tile engine only, on its hooked widths
+    const bool hooks_on = hooks_type && !decode && !sm90::gemm_plain_only_tile(tile_m, tile_n);
+    // the engine column's tile, and whether it is one of the plain engine's own (the hooks' base is
+    // then a plain launch of the hooks' tile, kHookedPlain)
+    const TileGrid engine_grid = sm90::gemm_tile_grid(ga, true);
+    const bool own_tile = !decode && sm90::gemm_plain_only_tile(engine_grid.tile_m, engine_grid.tile_n);
+    sm90::GemmArgs ga_hooked = ga;  // filled below; tile_m 128: the hooked widths' pick
+    ga_hooked.tile_m = sm90::kTileM;
+    const TileGrid grid = hooks_on ? sm90::gemm_tile_grid(ga) : engine_grid;  // the hooks' tiles
     const std::string shape_name =
         std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
     if (decode) decode_shapes += (decode_shapes.empty() ? "" : ", ") + shape_name;
-    if (grid.tile_n != sm90::kTileN && !decode) {
+    if ((engine_grid.tile_n != sm90::kTileN || engine_grid.tile_m != sm90::kTileM) && !decode) {
       narrow_shapes += (narrow_shapes.empty() ? "" : ", ") + shape_name + " (" +
-                       std::to_string(grid.tile_n) + ")";
+                       std::to_string(engine_grid.tile_m) + "x" +
+                       std::to_string(engine_grid.tile_n) + ")";
     }
     CK(cudaMalloc(&a, m * k * dtype_size(in)));
     CK(cudaMalloc(&b, n * k * dtype_size(in)));
@@ -265,9 +280,14 @@ int bench_gemm(Args& args) {
     ga.a = a, ga.b = b, ga.c = c;
     ga.in_type = in, ga.out_type = out, ga.group_m = group_m;
     if (!no_split) split_ws.attach(ga, stream);  // the split last wave's workspace
+    {
+      const int named_m = ga_hooked.tile_m;
+      ga_hooked = ga;
+      ga_hooked.tile_m = named_m;
+    }
     // The split, for the CSV: "-" none, "TxP" T tiles in P parts of K.
     std::string split_name = "-";
-    if (const sm90::GemmSplit sp = decode ? sm90::GemmSplit{} : sm90::gemm_work(ga).split;
+    if (const sm90::GemmSplit sp = decode ? sm90::GemmSplit{} : sm90::gemm_work(ga, true).split;
         sp.tiles > 0) {
       split_name = std::to_string(sp.tiles) + "x" + std::to_string(sp.parts);
     }
@@ -343,9 +363,10 @@ int bench_gemm(Args& args) {
       kNotifyOnly,
       kAgType,
       kRsType,
+      kHookedPlain,  // own_tile only: the plain engine on the hooks' tile, their base
       kVariants
     };
-    const int variants = hooks_on ? kVariants : kCublas + 1;
+    const int variants = hooks_on ? (own_tile ? kVariants : kHookedPlain) : kCublas + 1;
     auto run_variant = [&](int v) {
       switch (v) {
         case kEngine: case kEngine2: run_engine(); break;
@@ -355,6 +376,7 @@ int bench_gemm(Args& args) {
         case kNotifyOnly: gemm_with_hooks(ga, notify_only, stream); break;
         case kAgType: gemm_with_hooks(ga, ag_type, stream); break;
         case kRsType: gemm_with_hooks(ga, rs_type, stream); break;
+        case kHookedPlain: gemm_with_hooks(ga_hooked, sm90::NoHooks{}, stream); break;
       }
     };
     std::vector<std::vector<float>> t(kVariants);
@@ -382,7 +404,8 @@ int bench_gemm(Args& args) {
       }
     }
     const EngineBase eb = engine_base(t[kEngine], t[kEngine2]);
-    const std::vector<double>& base = eb.mean;
+    const std::vector<double> hooked_base(t[kHookedPlain].begin(), t[kHookedPlain].end());
+    const std::vector<double>& base = own_tile ? hooked_base : eb.mean;
     const double flop = 2.0 * m * n * k;
     const double tf_eng = flop / (median(eb.pooled) * 1e-3) / 1e12;
     const double tf_blas = flop / (median(t[kCublas]) * 1e-3) / 1e12;
@@ -403,11 +426,12 @@ int bench_gemm(Args& args) {
     if (csv)
       std::printf(
           "%lld,%lld,%lld,%.1f,%.1f,%.3f,%.1f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2e,%.2e,%.2e,"
-          "%.3f,%d,%s,%s\n",
+          "%.3f,%d,%s,%s,%d\n",
           (long long)m, (long long)n, (long long)k, tf_eng, tf_blas, ratio, tf_hooks,
           p_hooks.median_pct, p_aa.median_pct, p_aa.half_iqr_pct, p_wait.median_pct,
           p_notify.median_pct, p_ag.median_pct, p_rs.median_pct, err_eng, err_hooks, err_blas,
-          hooks_us, grid.tile_n, decode ? "decode" : "tile", split_name.c_str());
+          hooks_us, engine_grid.tile_n, decode ? "decode" : "tile", split_name.c_str(),
+          engine_grid.tile_m);
     else {
       auto err = [](double e) {  // "-": not checked (--no-verify, or no hooks for this type)
         char buf[16] = "-";
@@ -485,7 +509,8 @@ int bench_gemm(Args& args) {
         }
       }
       const EngineBase sb = engine_base(ts[kEngine], ts[kEngine2]);
-      const std::vector<double>& round_base = sb.mean;
+      const std::vector<double> hooked_round_base(ts[kHookedPlain].begin(), ts[kHookedPlain].end());
+      const std::vector<double>& round_base = own_tile ? hooked_round_base : sb.mean;
       const double s_eng = flop / (median(sb.pooled) * 1e-3) / 1e12;
       const double s_blas = flop / (median(ts[kCublas]) * 1e-3) / 1e12;
       sustained_ratios.push_back(s_eng / s_blas);
@@ -512,7 +537,7 @@ int bench_gemm(Args& args) {
     CK(cudaFree(notify_sig));
   }
   if (!narrow_shapes.empty() && !csv) {
-    std::printf("# tiles narrower than %dx%d (gemm_pick_tile_n or --tile-n; the width): %s\n",
+    std::printf("# tiles other than %dx%d (gemm_pick_tile or --tile-m/--tile-n; rows x width): %s\n",
                 sm90::kTileM, sm90::kTileN, narrow_shapes.c_str());
   }
   if (!decode_shapes.empty() && !csv) {
@@ -551,7 +576,7 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|160|128] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] "
      "[--kernel auto|tile|decode] [--no-verify] [--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",

@@ -30,12 +30,12 @@ bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) %
 
 }  // namespace
 
-int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n) {
-  const TileGrid g = gemm_tile_grid(m, n, tile_n);
+int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n, int tile_m) {
+  const TileGrid g = gemm_tile_grid(m, n, tile_n, tile_m);
   // A wave of num_blocks tiles laid out as (rows x cols) with rows = 2 cols covers a square of C.
   int group = 1;
   while (2 * group * group < num_blocks) ++group;  // group ~ sqrt(num_blocks / 2) tile columns
-  group *= 2;                                       // ... and twice as many tile rows
+  if (tile_m == kTileM) group *= 2;                 // ... and twice as many tile rows of 128
   // Narrow grids: when a wave holds whole tile rows even at that group's width (tiles_n <=
   // num_blocks / group), walk row-major. A wave is then ~num_blocks / tiles_n complete rows: each
   // A band is read once while B stays in L2. A group of `group` rows instead spreads the wave over
@@ -52,8 +52,9 @@ TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks) {
   o.tiles_m = g.tiles_m();
   o.tiles_n = g.tiles_n();
   o.start_m = args.start_m;
-  o.group_m =
-      args.group_m > 0 ? args.group_m : gemm_default_group_m(args.m, args.n, num_blocks, g.tile_n);
+  o.group_m = args.group_m > 0
+                  ? args.group_m
+                  : gemm_default_group_m(args.m, args.n, num_blocks, g.tile_n, g.tile_m);
   o.bands = args.row_bands;
   return o;
 }
@@ -67,19 +68,33 @@ int resolved_sms(const GemmArgs& args, const DeviceInfo& d = current_device()) {
   return args.num_sms == 0 ? d.sms : args.num_sms;
 }
 
-// The tile width: args.tile_n, or the pick for the SMs the launch may use.
-int resolved_tile_n(const GemmArgs& args, int sms) {
-  TL_REQUIRE(args.tile_n == 0 || args.tile_n == kTileN || args.tile_n == kTileNNarrow ||
-                 args.tile_n == kTileNLean || args.tile_n == kTileNSlim,
+// The tile: the one named (tile_m, tile_n), or the pick for the SMs the launch may use (`plain`:
+// among the plain engine's tiles too).
+GemmTile resolved_tile(const GemmArgs& args, int sms, bool plain) {
+  const int tn = args.tile_n, tm = args.tile_m;
+  TL_REQUIRE(tm == 0 || tm == kTileM || tm == kTileMTall,
+             "sm90 gemm: tile_m must be 0, " << kTileM << " or " << kTileMTall << ", got " << tm);
+  if (tm == kTileMTall) {
+    TL_REQUIRE(tn == 0 || tn == kTileNTall, "sm90 gemm: " << kTileMTall << "-row tiles are "
+                                                          << kTileNTall << " wide, got tile_n " << tn);
+    return {kTileMTall, kTileNTall};
+  }
+  TL_REQUIRE(tn == 0 || tn == kTileN || tn == kTileNNarrow || tn == kTileNLean || tn == kTileNSlim ||
+                 tn == kTileNFit,
              "sm90 gemm: tile_n must be 0 (the engine picks), "
-                 << kTileN << ", " << kTileNNarrow << ", " << kTileNLean << " or " << kTileNSlim
-                 << ", got " << args.tile_n);
-  return args.tile_n != 0 ? args.tile_n : gemm_pick_tile_n(args.m, args.n, args.k, sms);
+                 << kTileN << ", " << kTileNNarrow << ", " << kTileNLean << ", " << kTileNSlim
+                 << " or (the plain engine) " << kTileNFit << ", got " << tn);
+  if (tn != 0) return {kTileM, tn};
+  if (tm == kTileM) return gemm_pick_hooked_tile(args.m, args.n, args.k, sms).tile;
+  // start_m and row_bands count tile rows: a launch that names them keeps 128-row tiles
+  return gemm_pick_tile(args.m, args.n, args.k, sms,
+                        plain && args.start_m == 0 && args.row_bands == 1);
 }
 
 GemmSplit possible_split(const GemmArgs& args, int sms) {
+  const GemmTile t = resolved_tile(args, sms, false);
   const GemmSplit s =
-      gemm_split(gemm_tile_grid(args.m, args.n, resolved_tile_n(args, sms)).num_tiles(), sms,
+      gemm_split(gemm_tile_grid(args.m, args.n, t.n, t.m).num_tiles(), sms,
                  args.k, gemm_tile_rows(args.m));
   TL_REQUIRE(s.tiles <= kSplitMaxTiles, "sm90 gemm: " << s.tiles << " split tiles, more than the "
                                                       << kSplitMaxTiles << " the workspace holds");
@@ -88,12 +103,15 @@ GemmSplit possible_split(const GemmArgs& args, int sms) {
 
 }  // namespace
 
-GemmWork gemm_work(const GemmArgs& args) {
+GemmWork gemm_work(const GemmArgs& args, bool plain) {
   const int sms = resolved_sms(args);
   GemmWork w;
-  w.tile_n = resolved_tile_n(args, sms);
-  w.tiles = gemm_tile_grid(args.m, args.n, w.tile_n).num_tiles();
-  if (args.workspace != nullptr) w.split = possible_split(args, sms);
+  const GemmTile t = resolved_tile(args, sms, plain);
+  w.tile_n = t.n, w.tile_m = t.m;
+  w.tiles = gemm_tile_grid(args.m, args.n, t.n, t.m).num_tiles();
+  if (args.workspace != nullptr && !gemm_plain_only_tile(t.m, t.n)) {
+    w.split = possible_split(args, sms);
+  }
   const int64_t units = w.tiles + (w.split.parts - 1) * w.split.tiles;
   w.blocks = static_cast<int>(units < sms ? (units < 1 ? 1 : units) : sms);
   return w;
@@ -101,15 +119,18 @@ GemmWork gemm_work(const GemmArgs& args) {
 
 int gemm_num_blocks(const GemmArgs& args) { return gemm_work(args).blocks; }
 
-TileGrid gemm_tile_grid(const GemmArgs& args) {
-  // The SM count matters only to the pick: a named width needs no device query.
-  const int sms = args.tile_n != 0 ? 0 : resolved_sms(args);
-  return gemm_tile_grid(args.m, args.n, resolved_tile_n(args, sms));
+TileGrid gemm_tile_grid(const GemmArgs& args, bool plain) {
+  // The SM count matters only to the pick: a named tile needs no device query.
+  const bool named = args.tile_n != 0 || args.tile_m == kTileMTall;  // (tile_n 0 with 256 rows: 160)
+  const GemmTile t = resolved_tile(args, named ? 0 : resolved_sms(args), plain);
+  return gemm_tile_grid(args.m, args.n, t.n, t.m);
 }
 
 int64_t gemm_workspace_bytes(const GemmArgs& args) {
   const int sms = resolved_sms(args);
-  return gemm_split_workspace_bytes(possible_split(args, sms), resolved_tile_n(args, sms));
+  const GemmTile t = resolved_tile(args, sms, false);
+  if (gemm_plain_only_tile(t.m, t.n)) return 0;  // never split
+  return gemm_split_workspace_bytes(possible_split(args, sms), t.n);
 }
 
 void gemm_check(const GemmArgs& a) {
@@ -129,7 +150,8 @@ void gemm_check(const GemmArgs& a) {
   TL_REQUIRE(aligned(a.a, 16) && aligned(a.b, 16), "sm90 gemm: A and B must be 16-byte aligned (TMA)");
   TL_REQUIRE(aligned(a.c, 2 * dtype_size(a.out_type)),
              "sm90 gemm: C must be aligned to " << 2 * dtype_size(a.out_type) << " bytes");
-  const TileGrid g = gemm_tile_grid(a.m, a.n);  // tile rows: the same at either width
+  // tile rows: the same at every width of a height (the pick keeps 128 rows where start_m is set)
+  const TileGrid g = gemm_tile_grid(a.m, a.n, kTileN, a.tile_m == kTileMTall ? kTileMTall : kTileM);
   TL_REQUIRE(a.start_m >= 0 && (a.start_m < g.tiles_m() || a.start_m == 0),
              "sm90 gemm: start_m must be in [0, " << g.tiles_m() << "), got " << a.start_m);
   TL_REQUIRE(a.group_m >= 0, "sm90 gemm: group_m must be >= 0 (0 = heuristic), got " << a.group_m);
@@ -173,7 +195,7 @@ void gemm_check(const GemmArgs& a) {
 bool gemm_takes_decode(const GemmArgs& args) {
   if (args.kernel != GemmKernel::kAuto) return args.kernel == GemmKernel::kDecode;
   return gemm_decode_shape(args.m, args.n, args.k) && args.num_sms == 0 && args.tile_n == 0 &&
-         args.a_alt == nullptr;
+         args.tile_m == 0 && args.a_alt == nullptr;
 }
 
 void gemm(const GemmArgs& args, cudaStream_t stream) {

@@ -1,9 +1,17 @@
-// Plain-engine instantiation: cutlass::bfloat16_t inputs, __nv_bfloat16 output.
+// Plain-engine instantiation: cutlass::bfloat16_t inputs, __nv_bfloat16 output (every tile of the plain engine).
 #include "instances.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
 
-namespace tilelink::compute::sm90::detail {
+namespace tilelink::compute::sm90 {
 
-void gemm_bf16_bf16(const GemmArgs& args, cudaStream_t stream) { launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, NoHooks{}, stream); }
+template void launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, NoHooks, false>(const GemmArgs&, const NoHooks&,
+                                                                cudaStream_t);
 
-}  // namespace tilelink::compute::sm90::detail
+namespace detail {
+
+void gemm_bf16_bf16(const GemmArgs& args, cudaStream_t stream) {
+  launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, NoHooks{}, stream);
+}
+
+}  // namespace detail
+}  // namespace tilelink::compute::sm90

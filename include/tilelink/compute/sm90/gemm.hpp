@@ -120,6 +120,18 @@ inline constexpr int kTileNNarrow = 192;
 inline constexpr int kTileNLean = 160;
 inline constexpr int kTileNSlim = 128;
 inline constexpr int kTileK = 64;
+// The plain engine's own tiles (gemm() with no hooks and no a_alt; never split): 128 x kTileNFit,
+// and kTileMTall x kTileNTall, whose two consumer warpgroups hold 128 rows each. They fill the
+// SMs' waves where no 128-row tile of the hooked widths does: 2048x7168 is 656 tiles of 176 (4.97
+// waves of 132), 3000x5000 384 tiles of 256x160 (2.9 waves), against 448 and 480 tiles of 128x256
+// (3.4 and 3.6). A fused op's tiles are its signal grid and stay 128 rows of the hooked widths.
+// (A width must be a multiple of 16: a stage of B is then whole 128-byte swizzle periods.)
+inline constexpr int kTileNFit = 176;
+inline constexpr int kTileMTall = 256;
+inline constexpr int kTileNTall = 160;
+TL_HD inline bool gemm_plain_only_tile(int tile_m, int tile_n) {
+  return tile_m == kTileMTall || tile_n == kTileNFit;
+}
 
 // Where the engine reports, before it traps, that the split last wave (see above) cannot go on:
 // host-mapped memory (cudaHostAllocMapped), readable after the trap.
@@ -153,10 +165,14 @@ struct GemmArgs {
   int start_m = 0;  // TileOrder: first tile row visited
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
   int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
-  // Width of the output tiles: kTileN, kTileNNarrow, kTileNLean or kTileNSlim; 0: the engine picks
-  // (gemm_pick_tile_n). The hooks see tiles of gemm_tile_grid(args); an op that maps signals onto
-  // tiles names its width.
+  // Width of the output tiles: kTileN, kTileNNarrow, kTileNLean or kTileNSlim, or for the plain
+  // engine kTileNFit (128 rows), or kTileNTall with tile_m kTileMTall; 0: the engine picks (gemm_pick_tile;
+  // gemm() among the plain engine's tiles too). The hooks see tiles of gemm_tile_grid(args); an op
+  // that maps signals onto tiles names its width.
   int tile_n = 0;
+  // Rows of the output tiles: 0 (kTileM, or what gemm()'s pick takes where tile_n is 0 too), kTileM,
+  // or kTileMTall (with tile_n kTileNTall or 0; the plain engine only).
+  int tile_m = 0;
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
   // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band
   // starts on a tile row (a multiple of kTileM) and ends on one or at M. Only launch_gemm<..., true>
@@ -176,14 +192,17 @@ struct GemmArgs {
 };
 
 // The output tile grid of a problem (the shape mapping of the engine's tiles).
-TL_HD inline TileGrid gemm_tile_grid(int64_t m, int64_t n, int tile_n = kTileN) {
-  return TileGrid{m, n, kTileM, tile_n};
+TL_HD inline TileGrid gemm_tile_grid(int64_t m, int64_t n, int tile_n = kTileN,
+                                    int tile_m = kTileM) {
+  return TileGrid{m, n, tile_m, tile_n};
 }
 
 // group_m heuristic: about twice as many tile rows as tile columns in one wave of resident tiles
 // (128x256 tiles make that footprint square), capped by the grid; 1 (row-major) when the grid is
 // so narrow that a wave holds whole tile rows even at that width.
-int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n = kTileN);
+// For kTileMTall tiles, half as many tile rows: the same footprint of C.
+int gemm_default_group_m(int64_t m, int64_t n, int num_blocks, int tile_n = kTileN,
+                         int tile_m = kTileM);
 
 // The tile order the engine walks for these arguments (after defaults are resolved).
 TileOrder gemm_tile_order(const GemmArgs& args, int num_blocks);
@@ -270,7 +289,15 @@ TL_HD inline double gemm_wave_cost(int64_t m, int64_t n, int64_t k, int blocks, 
                       : static_cast<double>((tiles + blocks - 1) / blocks);
   return waves * tile_n;
 }
-TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
+struct GemmTile {
+  int m = kTileM, n = kTileN;
+};
+// The pick with its cost (waves x width, divided by the width's margin).
+struct GemmTileCost {
+  GemmTile tile;
+  double cost = 0;
+};
+TL_HD inline GemmTileCost gemm_pick_hooked_tile(int64_t m, int64_t n, int64_t k, int blocks) {
   const double margin = m <= kSplitFewRows ? kNarrowTileGainFewRows
                         : m > kManyRows    ? kNarrowTileGainManyRows
                                            : kNarrowTileGain;
@@ -282,9 +309,41 @@ TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
     const double lean = gemm_wave_cost(m, n, k, blocks, kTileNLean) / kLeanTileGain;
     if (lean < best) pick = kTileNLean, best = lean;
     const double slim_gain = m > kManyRowsSlim ? kSlimTileGainManyRows : kSlimTileGain;
-    if (gemm_wave_cost(m, n, k, blocks, kTileNSlim) / slim_gain < best) pick = kTileNSlim;
+    const double slim = gemm_wave_cost(m, n, k, blocks, kTileNSlim) / slim_gain;
+    if (slim < best) pick = kTileNSlim, best = slim;
   }
-  return pick;
+  return {{kTileM, pick}, best};
+}
+TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
+  return gemm_pick_hooked_tile(m, n, k, blocks).tile.n;
+}
+
+// The plain engine's pick (gemm() with tile_n and tile_m 0): the hooked widths' pick, or one of the
+// plain engine's tiles where its whole waves (it never splits: only where its last wave is more
+// than half full) cost less, counted as waves x (rows / kTileM) x width divided by its margin, and
+// only from kPlainTileMinRows rows. The margins: bench/notes/gemm.md, the plain engine's tiles.
+inline constexpr int64_t kPlainTileMinRows = 1024;
+inline constexpr double kFitTileGain = 0.975;
+inline constexpr double kTallTileGain = 0.975;
+TL_HD inline double gemm_plain_tile_cost(int64_t m, int64_t n, int64_t k, int blocks, GemmTile t,
+                                         double gain) {
+  const int64_t tiles = gemm_tile_grid(m, n, t.n, t.m).num_tiles();
+  const int64_t tail = tiles % blocks;
+  if (tail != 0 && 2 * tail <= blocks && (k + kTileK - 1) / kTileK >= kSplitMinKTiles) {
+    return -1;  // the hooked widths would split this last wave; these tiles do not
+  }
+  const double waves = static_cast<double>((tiles + blocks - 1) / blocks);
+  return waves * (static_cast<double>(t.m) / kTileM) * t.n / gain;
+}
+TL_HD inline GemmTile gemm_pick_tile(int64_t m, int64_t n, int64_t k, int blocks, bool plain) {
+  GemmTileCost best = gemm_pick_hooked_tile(m, n, k, blocks);
+  if (!plain || m < kPlainTileMinRows) return best.tile;
+  const GemmTile fit{kTileM, kTileNFit}, tall{kTileMTall, kTileNTall};
+  const double fit_cost = gemm_plain_tile_cost(m, n, k, blocks, fit, kFitTileGain);
+  if (fit_cost > 0 && fit_cost < best.cost) best = {fit, fit_cost};
+  const double tall_cost = gemm_plain_tile_cost(m, n, k, blocks, tall, kTallTileGain);
+  if (tall_cost > 0 && tall_cost < best.cost) best = {tall, tall_cost};
+  return best.tile;
 }
 
 // How a launch with these arguments spreads its work: the tile width (args.tile_n, or the pick),
@@ -292,14 +351,17 @@ TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
 // (parts - 1) * split tiles). Checks num_sms.
 struct GemmWork {
   int tile_n = kTileN;
+  int tile_m = kTileM;
   int64_t tiles = 0;
   GemmSplit split;
   int blocks = 1;
 };
-GemmWork gemm_work(const GemmArgs& args);
+// `plain`: the launch is the plain engine's (gemm(); NoHooks, no a_alt), whose pick may take its own
+// tiles (gemm_pick_tile); a plain-only tile never splits.
+GemmWork gemm_work(const GemmArgs& args, bool plain = false);
 
-// The tile grid a launch with these arguments walks (its hooks see these tiles).
-TileGrid gemm_tile_grid(const GemmArgs& args);
+// The tile grid a launch with these arguments walks (its hooks see these tiles; `plain` as above).
+TileGrid gemm_tile_grid(const GemmArgs& args, bool plain = false);
 
 // Number of persistent blocks a launch with these arguments uses (gemm_work(args).blocks).
 int gemm_num_blocks(const GemmArgs& args);

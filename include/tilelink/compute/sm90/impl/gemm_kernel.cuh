@@ -57,19 +57,23 @@ namespace detail {
 // outputs only): the consumers write a tile into shared memory and the store warp copies it to C
 // with TMA, so the next tile's MMAs run while the SM's write path drains it; the 64 KiB tile leaves
 // room for 3 stages. Without it: stores from registers through per-warp staging buffers, 4 stages.
-// kTileN_: the tile's width, kTileN, kTileNNarrow, kTileNLean or kTileNSlim (gemm.hpp).
-template <class ElementIn_, class ElementOut_, bool kTmaStore_, int kTileN_ = kTileN>
+// kTileN_: the tile's width, kTileN, kTileNNarrow, kTileNLean or kTileNSlim, or the plain engine's
+// kTileNFit (gemm.hpp). kTileRows_: kTileM, or the plain engine's kTileMTall (each consumer
+// warpgroup then holds two 64-row slabs, 128 rows apart).
+template <class ElementIn_, class ElementOut_, bool kTmaStore_, int kTileN_ = kTileN,
+          int kTileRows_ = kTileM>
 struct GemmConfig {
   using ElementIn = ElementIn_;    // cutlass::bfloat16_t or cutlass::half_t
   using ElementOut = ElementOut_;  // __nv_bfloat16, __half or float
   static constexpr int kTileN = kTileN_;
-  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
+  static constexpr int kTileRows = kTileRows_;
+  using TileShape = cute::Shape<cute::Int<kTileRows>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kNumMmaWarps = 8;
   static constexpr bool kTmaStore = kTmaStore_;
   static_assert(!kTmaStore || sizeof(ElementOut) == 2, "the TMA store path is for 16-bit outputs");
   static constexpr int kEpilogueSmemBytes =
-      kTmaStore ? tma_tile_bytes(kTileN) : kNumMmaWarps * kStageBytesPerWarp;
+      kTmaStore ? tma_tile_bytes(kTileN, kTileRows) : kNumMmaWarps * kStageBytesPerWarp;
   // our barriers and the epilogue's shared memory, with room to spare
   static constexpr int kSmemCarveoutBytes = 1024 + kEpilogueSmemBytes;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -190,8 +194,8 @@ struct AltSource<Cfg, true> {
   int alt_tile0 = 0, alt_tiles = 0, alt_rows = 0;
 };
 
-// kTail: C's tensor map for the last 32 columns of a tile 160 wide (the TMA store path; boxes of
-// kTmaTailCols x kTileM, unswizzled; stage_tile_for_tma).
+// kTail: C's tensor map for the last columns of a tile whose width is not a multiple of 64 (the TMA
+// store path; boxes of tma_tail_cols x the tile's rows, unswizzled; stage_tile_for_tma).
 template <bool kTail>
 struct CTailMap {};
 template <>
@@ -226,7 +230,7 @@ struct KernelParams : AltSource<Cfg, kAltA>,
   EpilogueMode mode = EpilogueMode::kStore;
   bool staged_store = false;  // kStore with 16-byte aligned C rows: the shared-memory staged path
   bool tma_store = false;     // ... and C local, 16-bit: the TMA store path (c_map)
-  CUtensorMap c_map;  // C, boxes of 64 columns x 128 rows, 128-byte swizzle (tma_store only)
+  CUtensorMap c_map;  // C, boxes of 64 columns x the tile's rows, 128-byte swizzle (tma_store only)
   // A's last tile row where it is ragged: boxes of a_short_rows rows (its rows rounded up to 8;
   // 0: every tile loads CUTLASS's 128-row box). See load_short_a and launch_gemm_config.
   CUtensorMap a_short_map;
@@ -236,7 +240,7 @@ struct KernelParams : AltSource<Cfg, kAltA>,
   // in split.parts parts of K (work_unit).
   GemmSplit split;
   uint32_t* split_flags = nullptr;   // [split.tiles][4]: arrivals, parts written, 2 spare
-  float4* split_partials = nullptr;  // [split.tiles][gemm_split_partials][kTileM * Cfg::kTileN / 4]
+  float4* split_partials = nullptr;  // [split.tiles][gemm_split_partials][rows * Cfg::kTileN / 4]
   GemmStallReport* stall_report = nullptr;
   Hooks hooks;
 };
@@ -280,8 +284,8 @@ struct TileScheduler {
   PersistentWalk walk;
   int k_tiles;
 
-  TL_DEVICE static TileScheduler make(const P& p, int tile_n) {
-    return {p, gemm_tile_grid(p.m, p.n, tile_n),
+  TL_DEVICE static TileScheduler make(const P& p, int tile_m, int tile_n) {
+    return {p, gemm_tile_grid(p.m, p.n, tile_n, tile_m),
             PersistentWalk{static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
                            p.order.count() +
                                (kSplit ? static_cast<int>((p.split.parts - 1) * p.split.tiles) : 0)},
@@ -348,11 +352,11 @@ struct GroupedTileScheduler {
 };
 
 // Whether consumer thread t's accumulators hold any of the tile's first `rows` rows (rows of C).
-template <int TileN, class TiledMma>
+template <int TileM, int TileN, class TiledMma>
 TL_DEVICE bool holds_rows_below(const TiledMma& tiled_mma, int t, int rows) {
   using namespace cute;
   Tensor tCcC = tiled_mma.get_thread_slice(t).partition_C(
-      make_identity_tensor(make_shape(Int<kTileM>{}, Int<TileN>{})));  // -> (row, col) in the tile
+      make_identity_tensor(make_shape(Int<TileM>{}, Int<TileN>{})));  // -> (row, col) in the tile
   bool any = false;
   CUTE_UNROLL
   for (int i = 0; i < size(tCcC); ++i) any |= get<0>(tCcC(i)) < rows;
@@ -470,16 +474,17 @@ TL_DEVICE void load_a_box(const P& p, typename Cfg::MainloopPipeline& pipeline,
                           int k_begin, int k_count, typename Cfg::Mainloop::TensorStorage& tensors) {
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
-  constexpr int kStageElems = kTileM * kTileK;
+  constexpr int kRows = Cfg::kTileRows;
+  constexpr int kStageElems = kRows * kTileK;
   static_assert(cosize_v<typename Mainloop::SmemLayoutA> % kStageElems == 0,
-                "A's stages are 128 x 64 elements each, one after another");
+                "A's stages are kRows x 64 elements each, one after another");
   if (!cute::elect_one_sync()) return;
   auto block_tma_b = p.mainloop.tma_load_b.get_slice(0);
   Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
   Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile_n, _, l));  // (TMA,N,K,k)
   Tensor tBsB = block_tma_b.partition_D(sB);                                       // (TMA,N,K,PIPE)
   const uint32_t missing =
-      static_cast<uint32_t>((kTileM - box_rows) * kTileK * sizeof(typename Cfg::ElementIn));
+      static_cast<uint32_t>((kRows - box_rows) * kTileK * sizeof(typename Cfg::ElementIn));
   for (int kb = k_begin; kb < k_begin + k_count; ++kb, ++write_state) {
     pipeline.producer_acquire(write_state);  // waits for the stage; expects the 128-row box's bytes
     uint64_t* bar = pipeline.producer_get_barrier(write_state);
@@ -499,7 +504,8 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
                             typename Cfg::PipelineState write_state, const Inputs& load_inputs,
                             TileCoord tile, int k_begin, int k_count,
                             typename Cfg::Mainloop::TensorStorage& tensors) {
-  load_a_box<Cfg, true>(p, pipeline, write_state, load_inputs, &p.a_short_map, tile.m * kTileM,
+  load_a_box<Cfg, true>(p, pipeline, write_state, load_inputs, &p.a_short_map,
+                        tile.m * Cfg::kTileRows,
                         p.a_short_rows, tile.n, 0, k_begin, k_count, tensors);
 }
 
@@ -528,6 +534,7 @@ TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipel
   constexpr int kRowsPerStep = 32 / kChunks;                      // rows a warp copies at once: 4
   constexpr int kSteps = (kTileM / 2) / kRowsPerStep;             // 16
   static_assert(kChunks == 8, "a k-block row is one 128-byte swizzle row");
+  static_assert(Cfg::kTileRows == kTileM, "the grouped mode's tiles are 128 rows");
   const int lane = cutlass::canonical_lane_idx();
   int* mine = rows + half * (kTileM / 2);
   for (int i = lane; i < kTileM / 2; i += 32) {
@@ -610,10 +617,13 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   using MainloopPipeline = typename Cfg::MainloopPipeline;
   using PipelineState = typename Cfg::PipelineState;
   using Barrier = cutlass::arch::ClusterBarrier;
-  constexpr int kTileN = Cfg::kTileN;  // this configuration's tile width
+  constexpr int kTileN = Cfg::kTileN;        // this configuration's tile width
+  constexpr int kTileRows = Cfg::kTileRows;  // ... and rows
 
-  static_assert(!kGrouped || (!kAltA && !kSplit && !Cfg::kTmaStore),
-                "the grouped mode has one A, no split and register stores");
+  static_assert(!kGrouped || (!kAltA && !kSplit && !Cfg::kTmaStore && kTileRows == kTileM),
+                "the grouped mode has one A, no split, register stores and 128-row tiles");
+  static_assert(kTileRows == kTileM || (!kAltA && !kSplit && !Hooks::kWaits && !Hooks::kNotifies),
+                "the 256-row tiles are the plain engine's: no hooks, one A, no split");
   using Params = KernelParams<Cfg, Hooks, kAltA, kGrouped>;
   extern __shared__ __align__(1024) uint8_t tl_sm90_gemm_smem[];
   auto& shared = *reinterpret_cast<SharedStorageOf<Cfg, kGrouped>*>(tl_sm90_gemm_smem);
@@ -672,7 +682,7 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       __syncthreads();
       return GroupedTileScheduler<Params>::make(p, shared.group_first);
     } else {
-      return TileScheduler<kSplit, Params>::make(p, kTileN);
+      return TileScheduler<kSplit, Params>::make(p, kTileRows, kTileN);
     }
   }();
   // NOTE: waiting for the first tile here, in an idle warp, before this barrier (to overlap the
@@ -795,14 +805,16 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
               namespace ptx = ::cuda::ptx;
               constexpr int kChunks = tma_full_chunks(kTileN);
               for (int chunk = 0; chunk < kChunks; ++chunk) {
-                const int32_t box[2] = {tile.n * kTileN + chunk * kTmaChunkCols, tile.m * kTileM};
+                const int32_t box[2] = {tile.n * kTileN + chunk * kTmaChunkCols,
+                                        tile.m * kTileRows};
                 ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &p.c_map, box,
-                                          shared.epilogue + chunk * kTmaChunkBytes);
+                                          shared.epilogue + chunk * tma_chunk_bytes(kTileRows));
               }
               if constexpr (tma_has_tail(kTileN)) {
-                const int32_t box[2] = {tile.n * kTileN + kChunks * kTmaChunkCols, tile.m * kTileM};
+                const int32_t box[2] = {tile.n * kTileN + kChunks * kTmaChunkCols,
+                                        tile.m * kTileRows};
                 ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &p.c_tail_map, box,
-                                          shared.epilogue + kChunks * kTmaChunkBytes);
+                                          shared.epilogue + kChunks * tma_chunk_bytes(kTileRows));
               }
               ptx::cp_async_bulk_commit_group();
               ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});  // the buffer is free again
@@ -844,7 +856,8 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
       if constexpr (kMeet)
         stores = meet_split_parts(
             p, unit, accum, mma_thread_idx,
-            holds_rows_below<kTileN>(tiled_mma, mma_thread_idx, p.m - tile.m * kTileM),
+            holds_rows_below<kTileRows, kTileN>(tiled_mma, mma_thread_idx,
+                                                p.m - tile.m * kTileRows),
             &shared.split_arrival);
       if (j == 0 && thread_idx == 128) TL_GEMM_MARK(5);
 
@@ -858,20 +871,20 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           m = static_cast<int>(p.groups.rows.end(unit.group) - row0);
         }
         if (p.staged_store) {
-          store_tile_staged<kTileN, typename Cfg::ElementOut>(
+          store_tile_staged<kTileRows, kTileN, typename Cfg::ElementOut>(
               c, p.ldc, m, p.n, tile, tiled_mma, mma_thread_idx, accum,
               shared.epilogue + (mma_thread_idx / 32) * kStageBytesPerWarp);
         } else {
-          store_tile<kTileN, typename Cfg::ElementOut>(p.mode, c, p.ldc, m, p.n, tile, tiled_mma,
-                                                       mma_thread_idx, accum);
+          store_tile<kTileRows, kTileN, typename Cfg::ElementOut>(p.mode, c, p.ldc, m, p.n, tile,
+                                                                  tiled_mma, mma_thread_idx, accum);
         }
       };
       if constexpr (Cfg::kTmaStore) {
         if (p.tma_store) {
           shared.stored.wait_tile_buffer(j);  // unit j-1's tile read out
           if (stores) {
-            stage_tile_for_tma<kTileN, typename Cfg::ElementOut>(tiled_mma, mma_thread_idx, accum,
-                                                                 shared.epilogue);
+            stage_tile_for_tma<kTileRows, kTileN, typename Cfg::ElementOut>(
+                tiled_mma, mma_thread_idx, accum, shared.epilogue);
             // for the store warp's TMA, after the arrive below
             ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
           }
@@ -918,18 +931,20 @@ inline bool is_local_device_memory(const void* ptr) {
 }
 
 // C's tensor map for the TMA store path: [m, n] row-major (row stride ldc elements), boxes of
-// kTmaChunkCols x kTileM in the 128-byte swizzle of stage_tile_for_tma, or (tail) boxes of
-// kTmaTailCols x kTileM unswizzled.
+// kTmaChunkCols x tile_m in the 128-byte swizzle of stage_tile_for_tma, or (tail_cols > 0) boxes
+// of tail_cols x tile_m unswizzled.
 template <class ElementOut>
-void encode_c_tensor_map(CUtensorMap* map, void* c, int64_t m, int64_t n, int64_t ldc,
-                         bool tail = false) {
+void encode_c_tensor_map(CUtensorMap* map, void* c, int64_t m, int64_t n, int64_t ldc, int tile_m,
+                         int tail_cols = 0) {
+  const bool tail = tail_cols > 0;
   static_assert(sizeof(ElementOut) == 2);
   const CUtensorMapDataType type = std::is_same_v<ElementOut, __half>
                                        ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(m)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ldc) * sizeof(ElementOut)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(tail ? kTmaTailCols : kTmaChunkCols), kTileM};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(tail ? tail_cols : kTmaChunkCols),
+                             static_cast<cuuint32_t>(tile_m)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
       map, type, 2, c, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -1015,7 +1030,7 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   p.mainloop = mainloop_params<Cfg>(args);
   if (gemm_wide_l2_fetch(args.m)) {
     widen_l2_fetch<ElementIn>(p.mainloop.tma_load_a.get_tma_descriptor(), args.a, args.m, args.k,
-                              lda, kTileM);
+                              lda, Cfg::kTileRows);
     widen_l2_fetch<ElementIn>(p.mainloop.tma_load_b.get_tma_descriptor(), args.b, args.n, args.k,
                               ldb, Cfg::kTileN);
   }
@@ -1048,8 +1063,9 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   // ragged M of 448-1088 rows. In the 192- and 256-wide tiles the short box gains at 136-320 rows
   // (136x8192x8192 0.63 -> 0.83 of cuBLAS), but costs ~1% where an eighth or less of the rows is
   // zero-filled (448, 576, 704 rows; bench/notes/gemm.md, the short A box).
-  const int64_t padded = ceil_div(args.m, int64_t{kTileM}) * kTileM;
-  if (const int64_t rows = args.m % kTileM;
+  constexpr int64_t kRows = Cfg::kTileRows;
+  const int64_t padded = ceil_div(args.m, kRows) * kRows;
+  if (const int64_t rows = args.m % kRows;
       rows != 0 && (Cfg::kTileN <= kTileNLean || kShortBoxMinFill * (padded - args.m) > padded)) {
     p.a_short_rows = static_cast<int>((rows + 7) / 8 * 8);
     encode_operand_map<ElementIn>(&p.a_short_map, args.a, args.m, args.k, lda, kTileK,
@@ -1060,10 +1076,13 @@ void launch_gemm_config(const GemmArgs& args, const Hooks& hooks, const GemmWork
   }
   if constexpr (Cfg::kTmaStore) {
     p.tma_store = p.staged_store && is_local_device_memory(args.c);
-    if (p.tma_store) encode_c_tensor_map<ElementOut>(&p.c_map, args.c, args.m, args.n, p.ldc);
+    if (p.tma_store) {
+      encode_c_tensor_map<ElementOut>(&p.c_map, args.c, args.m, args.n, p.ldc, Cfg::kTileRows);
+    }
     if constexpr (tma_has_tail(Cfg::kTileN)) {
       if (p.tma_store) {
-        encode_c_tensor_map<ElementOut>(&p.c_tail_map, args.c, args.m, args.n, p.ldc, true);
+        encode_c_tensor_map<ElementOut>(&p.c_tail_map, args.c, args.m, args.n, p.ldc,
+                                        Cfg::kTileRows, tma_tail_cols(Cfg::kTileN));
       }
     }
   }
@@ -1167,10 +1186,37 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
              "kDecode)");
   TL_REQUIRE(kAltA || args.a_alt == nullptr,
              "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
+  // The plain engine's own tiles (kTileNFit, kTileMTall) are compiled for NoHooks without a_alt only.
+  constexpr bool kPlain = std::is_same_v<Hooks, NoHooks> && !kAltA;
+  TL_REQUIRE(kPlain || !gemm_plain_only_tile(args.tile_m, args.tile_n),
+             "sm90 gemm: tiles of " << args.tile_m << " x " << args.tile_n
+                                    << " are the plain engine's (NoHooks, no a_alt); hooks and a_alt "
+                                       "take 128-row tiles 256, 192, 160 or 128 wide");
   if (args.m == 0) return;  // nothing to compute; hooks are not called
-  const GemmWork work = gemm_work(args);
-  GemmArgs resolved = args;  // the width named, so the tile order does not pick it again
+  const GemmWork work = gemm_work(args, kPlain);
+  GemmArgs resolved = args;  // the tile named, so the tile order does not pick it again
   resolved.tile_n = work.tile_n;
+  resolved.tile_m = work.tile_m;
+  const bool tma_store =
+      sizeof(ElementOut) == 2 && gemm_tma_store_config(args.out_type, work.tiles, work.blocks);
+  if constexpr (kPlain) {
+    // never split (gemm_work), so one instance each; the tall tile stores from registers (a tile
+    // in shared memory would leave room for two stages)
+    if (work.tile_m == kTileMTall) {
+      using Cfg = detail::GemmConfig<ElementIn, ElementOut, false, kTileNTall, kTileMTall>;
+      return detail::launch_gemm_config<Cfg, Hooks, false, false>(resolved, hooks, work, stream);
+    }
+    if (work.tile_n == kTileNFit) {
+      if constexpr (sizeof(ElementOut) == 2) {
+        if (tma_store) {
+          using Cfg = detail::GemmConfig<ElementIn, ElementOut, true, kTileNFit>;
+          return detail::launch_gemm_config<Cfg, Hooks, false, false>(resolved, hooks, work, stream);
+        }
+      }
+      using Cfg = detail::GemmConfig<ElementIn, ElementOut, false, kTileNFit>;
+      return detail::launch_gemm_config<Cfg, Hooks, false, false>(resolved, hooks, work, stream);
+    }
+  }
   auto launch_config = [&]<bool kTmaStore, int kTileNConfig>() {
     using Cfg = detail::GemmConfig<ElementIn, ElementOut, kTmaStore, kTileNConfig>;
     if (work.split.tiles > 0) {
@@ -1191,7 +1237,7 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
     }
   };
   if constexpr (sizeof(ElementOut) == 2) {
-    if (gemm_tma_store_config(args.out_type, work.tiles, work.blocks)) {
+    if (tma_store) {
       launch.template operator()<true>();
       return;
     }
@@ -1230,5 +1276,20 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, const Hooks& hooks, cudaSt
                                        Hooks>(args, hooks, tile_n, blocks, stream);
   }
 }
+
+// The plain engine's instances (every tile of the plain engine's pick) are compiled once, in
+// src/compute/sm90/gemm_<in>_<out>.cu; a translation unit that calls launch_gemm with NoHooks links
+// to them.
+extern template void launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, NoHooks, false>(
+    const GemmArgs&, const NoHooks&, cudaStream_t);
+extern template void launch_gemm<cutlass::bfloat16_t, float, NoHooks, false>(const GemmArgs&,
+                                                                             const NoHooks&,
+                                                                             cudaStream_t);
+extern template void launch_gemm<cutlass::half_t, __half, NoHooks, false>(const GemmArgs&,
+                                                                         const NoHooks&,
+                                                                         cudaStream_t);
+extern template void launch_gemm<cutlass::half_t, float, NoHooks, false>(const GemmArgs&,
+                                                                        const NoHooks&,
+                                                                        cudaStream_t);
 
 }  // namespace tilelink::compute::sm90
