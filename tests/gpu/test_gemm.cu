@@ -795,17 +795,21 @@ TEST(Sm90Gemm, PlainTilesRefuseHooks) {
   }
   CK(cudaDeviceSynchronize());
   CK(cudaFree(p));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (auto [m, n, k] : {std::tuple{2048, 7168, 2048}, {3000, 5000, 7168}}) {
     GemmArgs a = shape(m, n, k, DType::kBF16, DType::kBF16, 0);
-    a.num_sms = 132;
+    a.num_sms = std::min(132, sms);
+    a.plain_tiles = true;  // the hooked launch's pick ignores it
     EXPECT_EQ(gemm_work(a).tile_m, kTileM);
     EXPECT_FALSE(gemm_plain_only_tile(gemm_tile_grid(a).tile_m, gemm_tile_grid(a).tile_n));
   }
 }
 
-// The plain engine's pick (gemm() with tile_n and tile_m 0): its own tiles where their whole waves
-// cost less than the hooked widths' (split) ones; never below kPlainTileMinRows rows, never where
-// their own last wave is at most half full, never with a start_m or row bands; the launch correct.
+// The plain engine's pick (gemm() with tile_n and tile_m 0, plain_tiles): its own tiles where their
+// whole waves cost less than the hooked widths' (split) ones; never below kPlainTileMinRows rows,
+// never where their own last wave is at most half full, never with a start_m or row bands, never
+// without the opt-in; the launch correct.
 TEST(Sm90Gemm, PlainPick) {
   const GemmTile fit{kTileM, kTileNFit}, tall{kTileMTall, kTileNTall};
   auto is = [](GemmTile a, GemmTile b) { return a.m == b.m && a.n == b.n; };
@@ -822,7 +826,7 @@ TEST(Sm90Gemm, PlainPick) {
   EXPECT_FALSE(gemm_plain_only_tile(gemm_pick_tile(1000, 7168, 2048, 132, true).m,
                                     gemm_pick_tile(1000, 7168, 2048, 132, true).n));
   // the reference shapes keep their hooked picks
-  for (auto [m, n, k] : {std::tuple{8192, 3584, 8192}, {16384, 1024, 8192}, {2048, 28672, 8192}}) {
+  for (auto [m, n, k] : {std::tuple{8192, 3584, 8192}, {16384, 1024, 8192}, {8192, 8192, 8192}}) {
     EXPECT_TRUE(is(gemm_pick_tile(m, n, k, 132, true), gemm_pick_tile(m, n, k, 132, false)))
         << m << "x" << n << "x" << k;
   }
@@ -833,6 +837,9 @@ TEST(Sm90Gemm, PlainPick) {
     a.num_sms = std::min(132, sms);
     EXPECT_TRUE(is(gemm_pick_tile(m, n, k, 132, true), want));
     if (a.num_sms != 132) want = gemm_pick_tile(m, n, k, a.num_sms, true);
+    EXPECT_EQ(gemm_work(a, true).tile_m, kTileM);  // not opted in
+    EXPECT_FALSE(gemm_plain_only_tile(gemm_work(a, true).tile_m, gemm_work(a, true).tile_n));
+    a.plain_tiles = true;
     const GemmWork w = gemm_work(a, true);
     EXPECT_TRUE(is({w.tile_m, w.tile_n}, want)) << m << "x" << n << "x" << k;
     EXPECT_EQ(gemm_tile_grid(a, true).tile_m, want.m);

@@ -37,7 +37,8 @@
 // on the CPU for each GEMM.
 // --tile-n N, --tile-m R: every launch (engine and hooks) with R x N tiles (GemmArgs::tile_n,
 // tile_m); 0, the default: the engine's pick (gemm_pick_tile), listed after the table where it is
-// not 128x256. The plain engine's own tiles (176 wide, or 256x160) run no hooks: where the engine
+// not 128x256. --plain-tiles: the engine's pick may take the plain engine's own tiles
+// (GemmArgs::plain_tiles). The plain engine's own tiles (176 wide, or 256x160) run no hooks: where the engine
 // column takes one, the hooks columns are measured against a plain launch of the hooked widths'
 // pick (the hooks' own tile), timed in the same reps; where one is named, they are "-".
 // --kernel auto|tile|decode: the engine column's kernel (GemmArgs::kernel). auto, the default,
@@ -183,6 +184,7 @@ int bench_gemm(Args& args) {
   const bool host_us = args.flag("--host-us");
   const int tile_n = static_cast<int>(args.get_int("--tile-n", 0));  // 0: the engine picks
   const int tile_m = static_cast<int>(args.get_int("--tile-m", 0));
+  const bool plain_tiles = args.flag("--plain-tiles");
   const std::string kernel_name = args.get("--kernel", "auto");
   args.finish();
   sm90::GemmKernel kernel = sm90::GemmKernel::kAuto;
@@ -246,7 +248,7 @@ int bench_gemm(Args& args) {
     uint64_t *wait_sig = nullptr, *notify_sig = nullptr;
     sm90::GemmArgs ga;
     ga.m = m, ga.n = n, ga.k = k, ga.num_sms = num_sms, ga.tile_n = tile_n, ga.kernel = kernel;
-    ga.tile_m = tile_m;
+    ga.tile_m = tile_m, ga.plain_tiles = plain_tiles;
     const bool decode = sm90::gemm_takes_decode(ga);
     // hooks run in the tile engine only, on its hooked widths
     const bool hooks_on = hooks_type && !decode && !sm90::gemm_plain_only_tile(tile_m, tile_n);
@@ -576,12 +578,12 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] [--plain-tiles] "
      "[--kernel auto|tile|decode] [--no-verify] [--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",
      &bench_gemm,
      {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain", "--no-split",
-      "--host-us"}});
+      "--host-us", "--plain-tiles"}});
 
 }  // namespace tilelink::cli

@@ -88,7 +88,7 @@ GemmTile resolved_tile(const GemmArgs& args, int sms, bool plain) {
   if (tm == kTileM) return gemm_pick_hooked_tile(args.m, args.n, args.k, sms).tile;
   // start_m and row_bands count tile rows: a launch that names them keeps 128-row tiles
   return gemm_pick_tile(args.m, args.n, args.k, sms,
-                        plain && args.start_m == 0 && args.row_bands == 1);
+                        plain && args.plain_tiles && args.start_m == 0 && args.row_bands == 1);
 }
 
 GemmSplit possible_split(const GemmArgs& args, int sms) {

@@ -1,17 +1,5 @@
-// Plain-engine instantiation: cutlass::bfloat16_t inputs, __nv_bfloat16 output (every tile of the plain engine).
+// The plain engine (every tile it runs) for cutlass::bfloat16_t inputs, __nv_bfloat16 output.
 #include "instances.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
 
-namespace tilelink::compute::sm90 {
-
-template void launch_gemm<cutlass::bfloat16_t, __nv_bfloat16, NoHooks, false>(const GemmArgs&, const NoHooks&,
-                                                                cudaStream_t);
-
-namespace detail {
-
-void gemm_bf16_bf16(const GemmArgs& args, cudaStream_t stream) {
-  launch_gemm<cutlass::bfloat16_t, __nv_bfloat16>(args, NoHooks{}, stream);
-}
-
-}  // namespace detail
-}  // namespace tilelink::compute::sm90
+TL_SM90_PLAIN_GEMM_INSTANCE(cutlass::bfloat16_t, __nv_bfloat16, gemm_bf16_bf16)

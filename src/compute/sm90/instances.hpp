@@ -23,3 +23,17 @@ template <class In, class Out>
 void gemm_decode_wgmma(const GemmArgs& args, cudaStream_t stream);
 
 }  // namespace tilelink::compute::sm90::detail
+
+// One translation unit's plain engine for inputs In and output Out: the explicit instance of
+// launch_gemm<In, Out, NoHooks> (declared extern in impl/gemm_kernel.cuh, so the other units that
+// call it link here) and its entry detail::fn. Use after including impl/gemm_kernel.cuh.
+#define TL_SM90_PLAIN_GEMM_INSTANCE(In, Out, fn)                                              \
+  namespace tilelink::compute::sm90 {                                                         \
+  template void launch_gemm<In, Out, NoHooks, false>(const GemmArgs&, const NoHooks&,         \
+                                                     cudaStream_t);                           \
+  namespace detail {                                                                          \
+  void fn(const GemmArgs& args, cudaStream_t stream) {                                        \
+    launch_gemm<In, Out>(args, NoHooks{}, stream);                                            \
+  }                                                                                           \
+  }                                                                                           \
+  }

@@ -166,13 +166,17 @@ struct GemmArgs {
   int group_m = 0;  // TileOrder: tile rows per group; 0: heuristic (gemm_default_group_m)
   int row_bands = 1;  // TileOrder: row bands visited in turn (1: the rows in order)
   // Width of the output tiles: kTileN, kTileNNarrow, kTileNLean or kTileNSlim, or for the plain
-  // engine kTileNFit (128 rows), or kTileNTall with tile_m kTileMTall; 0: the engine picks (gemm_pick_tile;
-  // gemm() among the plain engine's tiles too). The hooks see tiles of gemm_tile_grid(args); an op
-  // that maps signals onto tiles names its width.
+  // engine kTileNFit (128 rows), or kTileNTall with tile_m kTileMTall; 0: the engine picks
+  // (gemm_pick_tile; gemm() among the plain engine's tiles too where plain_tiles is set). The hooks
+  // see tiles of gemm_tile_grid(args); an op that maps signals onto tiles names its width.
   int tile_n = 0;
-  // Rows of the output tiles: 0 (kTileM, or what gemm()'s pick takes where tile_n is 0 too), kTileM,
-  // or kTileMTall (with tile_n kTileNTall or 0; the plain engine only).
+  // Rows of the output tiles: 0 (kTileM, or what gemm()'s pick takes where tile_n is 0 too and
+  // plain_tiles is set), kTileM, or kTileMTall (with tile_n kTileNTall or 0; the plain engine only).
   int tile_m = 0;
+  // Lets gemm()'s pick (tile_n and tile_m 0) take the plain engine's own tiles (gemm_pick_tile).
+  // Off by default until their margins are measured on the GPU (bench/notes/gemm.md, the plain
+  // engine's tiles); naming one (tile_n kTileNFit, tile_m kTileMTall) needs no opt-in.
+  bool plain_tiles = false;
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
   // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band
   // starts on a tile row (a multiple of kTileM) and ends on one or at M. Only launch_gemm<..., true>
@@ -318,13 +322,14 @@ TL_HD inline int gemm_pick_tile_n(int64_t m, int64_t n, int64_t k, int blocks) {
   return gemm_pick_hooked_tile(m, n, k, blocks).tile.n;
 }
 
-// The plain engine's pick (gemm() with tile_n and tile_m 0): the hooked widths' pick, or one of the
-// plain engine's tiles where its whole waves (it never splits: only where its last wave is more
-// than half full) cost less, counted as waves x (rows / kTileM) x width divided by its margin, and
-// only from kPlainTileMinRows rows. The margins: bench/notes/gemm.md, the plain engine's tiles.
+// The plain engine's pick (gemm() with tile_n and tile_m 0 and plain_tiles set): the hooked widths'
+// pick, or one of the plain engine's tiles where its whole waves (it never splits: only where its
+// last wave is more than half full) cost less, counted as waves x (rows / kTileM) x width divided
+// by its margin, and only from kPlainTileMinRows rows. The margins: bench/notes/gemm.md, the plain
+// engine's tiles.
 inline constexpr int64_t kPlainTileMinRows = 1024;
 inline constexpr double kFitTileGain = 0.975;
-inline constexpr double kTallTileGain = 0.975;
+inline constexpr double kTallTileGain = 0.99;
 TL_HD inline double gemm_plain_tile_cost(int64_t m, int64_t n, int64_t k, int blocks, GemmTile t,
                                          double gain) {
   const int64_t tiles = gemm_tile_grid(m, n, t.n, t.m).num_tiles();
@@ -356,8 +361,8 @@ struct GemmWork {
   GemmSplit split;
   int blocks = 1;
 };
-// `plain`: the launch is the plain engine's (gemm(); NoHooks, no a_alt), whose pick may take its own
-// tiles (gemm_pick_tile); a plain-only tile never splits.
+// `plain`: the launch is the plain engine's (gemm(); NoHooks, no a_alt), whose pick may take its
+// own tiles (gemm_pick_tile); a plain-only tile never splits.
 GemmWork gemm_work(const GemmArgs& args, bool plain = false);
 
 // The tile grid a launch with these arguments walks (its hooks see these tiles; `plain` as above).

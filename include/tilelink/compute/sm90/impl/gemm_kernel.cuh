@@ -1186,7 +1186,7 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
              "kDecode)");
   TL_REQUIRE(kAltA || args.a_alt == nullptr,
              "sm90 gemm: a_alt (a second A source) needs launch_gemm<In, Out, Hooks, true>");
-  // The plain engine's own tiles (kTileNFit, kTileMTall) are compiled for NoHooks without a_alt only.
+  // The plain engine's own tiles (kTileNFit, kTileMTall): compiled for NoHooks without a_alt only.
   constexpr bool kPlain = std::is_same_v<Hooks, NoHooks> && !kAltA;
   TL_REQUIRE(kPlain || !gemm_plain_only_tile(args.tile_m, args.tile_n),
              "sm90 gemm: tiles of " << args.tile_m << " x " << args.tile_n
@@ -1210,7 +1210,8 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
       if constexpr (sizeof(ElementOut) == 2) {
         if (tma_store) {
           using Cfg = detail::GemmConfig<ElementIn, ElementOut, true, kTileNFit>;
-          return detail::launch_gemm_config<Cfg, Hooks, false, false>(resolved, hooks, work, stream);
+          return detail::launch_gemm_config<Cfg, Hooks, false, false>(resolved, hooks, work,
+                                                                      stream);
         }
       }
       using Cfg = detail::GemmConfig<ElementIn, ElementOut, false, kTileNFit>;
