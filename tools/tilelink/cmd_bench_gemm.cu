@@ -41,6 +41,8 @@
 // (GemmArgs::plain_tiles). The plain engine's own tiles (176 wide, or 256x160) run no hooks: where the engine
 // column takes one, the hooks columns are measured against a plain launch of the hooked widths'
 // pick (the hooks' own tile), timed in the same reps; where one is named, they are "-".
+// --tuned: the engine column runs through a GemmTuner (gemm_tuner.hpp): each shape's candidate
+// tiles timed once before its table row, the fastest run from then on.
 // --kernel auto|tile|decode: the engine column's kernel (GemmArgs::kernel). auto, the default,
 // runs the decode kernel where gemm_takes_decode says so (gemm_decode_shape, M <= 128; with
 // --tile-n 0 and --num-sms 0); those shapes are listed after the table, and their hooks columns
@@ -63,6 +65,7 @@
 #include "bench_stream.hpp"
 #include "cli.hpp"
 #include "tilelink/compute/sm90/gemm.hpp"
+#include "tilelink/compute/sm90/gemm_tuner.hpp"
 #include "tilelink/compute/sm90/impl/gemm_kernel.cuh"
 #include "tilelink/compute/sm90/impl/gemm_reference.cuh"
 #include "tilelink/compute/sm90/impl/signal_hooks.cuh"
@@ -185,6 +188,7 @@ int bench_gemm(Args& args) {
   const int tile_n = static_cast<int>(args.get_int("--tile-n", 0));  // 0: the engine picks
   const int tile_m = static_cast<int>(args.get_int("--tile-m", 0));
   const bool plain_tiles = args.flag("--plain-tiles");
+  const bool tuned = args.flag("--tuned");
   const std::string kernel_name = args.get("--kernel", "auto");
   args.finish();
   sm90::GemmKernel kernel = sm90::GemmKernel::kAuto;
@@ -225,6 +229,7 @@ int bench_gemm(Args& args) {
   const size_t flush_bytes = bench.flush_bytes;
   cudaEvent_t* ev = bench.ev;
   sm90::GemmWorkspace split_ws;
+  sm90::GemmTuner tuner;
 
   if (csv)
     std::printf(
@@ -254,8 +259,8 @@ int bench_gemm(Args& args) {
     const bool hooks_on = hooks_type && !decode && !sm90::gemm_plain_only_tile(tile_m, tile_n);
     // the engine column's tile, and whether it is one of the plain engine's own (the hooks' base is
     // then a plain launch of the hooks' tile, kHookedPlain)
-    const TileGrid engine_grid = sm90::gemm_tile_grid(ga, true);
-    const bool own_tile = !decode && sm90::gemm_plain_only_tile(engine_grid.tile_m, engine_grid.tile_n);
+    TileGrid engine_grid = sm90::gemm_tile_grid(ga, true);
+    bool own_tile = !decode && sm90::gemm_plain_only_tile(engine_grid.tile_m, engine_grid.tile_n);
     sm90::GemmArgs ga_hooked = ga;  // filled below; tile_m 128: the hooked widths' pick
     ga_hooked.tile_m = sm90::kTileM;
     const TileGrid grid = hooks_on ? sm90::gemm_tile_grid(ga) : engine_grid;  // the hooks' tiles
@@ -303,7 +308,21 @@ int bench_gemm(Args& args) {
     RsTypeHooks rs_type;
     rs_type.notify_signals = notify_sig, rs_type.tiles_n = grid.tiles_n(), rs_type.epoch = 1;
     const float alpha = 1.f, beta = 0.f;
-    auto run_engine = [&] { sm90::gemm(ga, stream); };
+    if (tuned && !decode) {  // measured here, before the table's launches
+      const sm90::GemmTile t = tuner.tile_for(ga, stream);
+      narrow_shapes += std::string(narrow_shapes.empty() ? "" : ", ") + shape_name + " (tuned " +
+                       std::to_string(t.m) + "x" + std::to_string(t.n) + ")";
+      engine_grid = sm90::gemm_tile_grid(m, n, t.n, t.m);
+      // the hooks' base: a plain launch of their own tile wherever the engine runs another
+      own_tile = hooks_on && (engine_grid.tile_m != grid.tile_m || engine_grid.tile_n != grid.tile_n);
+    }
+    auto run_engine = [&] {
+      if (tuned) {
+        tuner.gemm(ga, stream);
+      } else {
+        sm90::gemm(ga, stream);
+      }
+    };
     auto run_hooks = [&] { gemm_with_hooks(ga, hooks, stream); };
     auto run_cublas = [&] {
       TL_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, cuda_type(in),
@@ -578,12 +597,12 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] [--plain-tiles] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] [--plain-tiles] [--tuned] "
      "[--kernel auto|tile|decode] [--no-verify] [--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",
      &bench_gemm,
      {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain", "--no-split",
-      "--host-us", "--plain-tiles"}});
+      "--host-us", "--plain-tiles", "--tuned"}});
 
 }  // namespace tilelink::cli
