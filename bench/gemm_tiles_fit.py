@@ -91,10 +91,12 @@ def main():
     tiles = [(128, 256), (128, 192), (128, 176), (128, 160), (128, 128), (256, 160)]
     runs = {t: read(os.path.join(log, f"tile_{t[0]}x{t[1]}.txt")) for t in tiles}
     hooked, plain = read(os.path.join(log, "pick_hooked.txt")), read(os.path.join(log, "pick_plain.txt"))
+    tuned = read(os.path.join(log, "tuned.txt"))
     shapes = sorted({s for r in runs.values() for s in r})
     if not shapes:
         sys.exit(f"no bench rows under {log}")
-    print("shape | " + " ".join(f"{t[0]}x{t[1]:<4}" for t in tiles) + " | fastest | hooked pick (ratio) | plain pick (ratio)")
+    print("shape | " + " ".join(f"{t[0]}x{t[1]:<4}" for t in tiles) +
+          " | fastest | hooked pick (ratio) | plain pick (ratio) | tuned (ratio)")
     fast = {}
     for s in shapes:
         tf = {t: float(runs[t][s]["engine_tflops"]) for t in tiles if s in runs[t]}
@@ -109,7 +111,8 @@ def main():
         hr = f"{float(hooked[s]['ratio']):.3f}" if s in hooked else "-"
         pr = plain[s] if s in plain else None
         pt = f"{pr['tile_m']}x{pr['tile_n']} ({float(pr['ratio']):.3f})" if pr else "-"
-        print(f"{s[0]}x{s[1]}x{s[2]} | {cells} | {best[0]}x{best[1]} | {hp[0]}x{hp[1]} ({hr}) | {pt}")
+        tr = f"{float(tuned[s]['ratio']):.3f}" if s in tuned else "-"
+        print(f"{s[0]}x{s[1]}x{s[2]} | {cells} | {best[0]}x{best[1]} | {hp[0]}x{hp[1]} ({hr}) | {pt} | {tr}")
 
     def score(fit_gain, tall_gain):
         q = []
@@ -119,6 +122,10 @@ def main():
                 q.append(tf[t] / max(tf.values()))
         return sum(q) / len(q), min(q)
 
+    for name, run in (("hooked pick", hooked), ("plain pick", plain), ("tuned", tuned)):
+        r = sorted(float(run[s]["ratio"]) for s in shapes if s in run)
+        if r:
+            print(f"ratio to cuBLAS, {name}: median {r[len(r) // 2]:.3f}, min {r[0]:.3f} ({len(r)} shapes)")
     hooked_q = [fast[s][hooked_pick(*s, sms)[0]] / max(fast[s].values()) for s in fast
                 if hooked_pick(*s, sms)[0] in fast[s]]
     print(f"\nthe hooked widths' pick: mean {sum(hooked_q) / len(hooked_q):.4f} of the fastest tile, "
