@@ -44,7 +44,7 @@ struct Problem {
     } else {
       CK(cudaMemset(c, 0xff, m * n * dtype_size(out)));  // NaN everywhere
     }
-    ref::reference_gemm(a, b, DType::kBF16, m, n, k, k, k, reduce ? c : nullptr, out, 0, ref);
+    ref::reference_gemm(a, b, DType::kBF16, m, n, k, k, k, reduce ? c : nullptr, out, n, ref);
     CK(cudaDeviceSynchronize());
     args.a = a, args.b = b, args.c = c;
     args.epilogue = reduce ? EpilogueMode::kReduceAdd : EpilogueMode::kStore;
