@@ -6,13 +6,13 @@
 # engine's), and once through a GemmTuner (--tuned: each shape's tiles timed, the fastest run).
 # bench/gemm_tiles_fit.py then fits the plain tiles' margins and compares the picks.
 # Every step bounded by `timeout`; outputs under $OUT (or out/gemm_tiles).
-#   bash bench/gemm_tiles_sweep.sh BIN_DIR [reps (30)]
+#   bash bench/gemm_tiles_sweep.sh BIN_DIR [reps (20)]   (about 8 minutes on one H100 or H200)
 # BIN_DIR holds tilelink, gpu_test_gemm and gpu_test_gemm_tuner (built here or unpacked by
 # bench/device_unpack.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:?usage: bench/gemm_tiles_sweep.sh BIN_DIR [reps]}
-REPS=${2:-30}
+REPS=${2:-20}
 LOG=${OUT:-out/gemm_tiles}
 . bench/sweep_common.sh
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv >"$LOG/gpu.txt" 2>&1
