@@ -84,6 +84,14 @@ struct GemmConfig {
       cutlass::gemm::collective::StageCountAutoCarveout<kSmemCarveoutBytes>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using TiledMma = typename Mainloop::TiledMma;
+  // The builder's cooperative recipe, which tests/sm90_host/epilogue_layout_test.cpp builds on the
+  // host to check the epilogue's assumptions about the accumulators' layout.
+  static_assert(std::is_same_v<TiledMma, decltype(cute::make_tiled_mma(
+                                             cute::GMMA::ss_op_selector<
+                                                 ElementIn, ElementIn, float, TileShape,
+                                                 cute::GMMA::Major::K, cute::GMMA::Major::K>(),
+                                             cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}))>,
+                "the tiled MMA is not the recipe the epilogue's layout test checks");
   using MainloopPipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
