@@ -65,8 +65,7 @@ def plain_pick(m, n, k, blocks, fit_gain, tall_gain):
         return tile
     for t, gain in (((128, 176), fit_gain), ((256, 160), tall_gain)):
         tiles = tiles_of(m, n, *t)
-        tail = tiles % blocks
-        if tail and 2 * tail <= blocks and (k + TILE_K - 1) // TILE_K >= SPLIT_MIN_K_TILES:
+        if split(tiles, blocks, k, TILE_M)[0]:  # the hooked widths would split; these never do
             continue
         cost = math.ceil(tiles / blocks) * (t[0] / TILE_M) * t[1] / gain
         if cost < best:

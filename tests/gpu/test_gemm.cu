@@ -638,6 +638,16 @@ TEST(Sm90GemmDecode, BadInputThrows) {
   CK(cudaFree(p));
 }
 
+// Shapes of a named tile: tiled(tile_n, tile_m)(m, n, k[, in, out]).
+auto tiled(int tile_n, int tile_m = 0) {
+  return [tile_n, tile_m](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
+                          DType out = DType::kBF16) {
+    GemmArgs a = shape(m, n, k, in, out, tile_n);
+    a.tile_m = tile_m;
+    return a;
+  };
+}
+
 // A narrower tile width (GemmArgs::tile_n): aligned and ragged shapes (`aligned`, then a grid of
 // small ones), every dtype pair and kReduceAdd on 1000 rows x `nk` (a few tiles wide, the last
 // one ragged), strided and unaligned C, then `cases` on a few blocks, each with the TMA-store
@@ -653,12 +663,7 @@ void check_tile_width(int tile_n,
                       std::pair<int64_t, int64_t> nk, std::initializer_list<WidthCase> cases,
                       int tile_m = 0) {
   SCOPED_TRACE(::testing::Message() << "tile " << tile_m << " x " << tile_n);
-  auto at = [tile_n, tile_m](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                             DType out = DType::kBF16) {
-    GemmArgs a = shape(m, n, k, in, out, tile_n);
-    a.tile_m = tile_m;
-    return a;
-  };
+  auto at = tiled(tile_n, tile_m);
   for (auto [m, n, k] : aligned) run_and_check(at(m, n, k));
   for (int64_t m : {1, 17, 64, 65, 1000}) {
     for (auto [n, k] : {std::pair{8, 8}, {200, 72}, {392, 1000}}) run_and_check(at(m, n, k));
@@ -695,8 +700,7 @@ void check_tile_width(int tile_n,
 
 // 192-wide tiles (GemmArgs::tile_n = kTileNNarrow).
 TEST(Sm90Gemm, NarrowTiles) {
-  auto narrow = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                   DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNNarrow); };
+  auto narrow = tiled(kTileNNarrow);
   check_tile_width(kTileNNarrow, {{128, 192, 64}, {1000, 776, 1032}, {2048, 2304, 1024}},
                    {776, 1032},
                    {{narrow(1000, 1032, 520), 13, true, false},  // 48 tiles: 3-4 a block
@@ -710,8 +714,7 @@ TEST(Sm90Gemm, NarrowTiles) {
 // 64-column chunks, so the staged store ends in a 32-column chunk and the TMA store in a tail box
 // of its own (the last tile of N = 1112 holds 24 of its 32 columns, of N = 1000 none).
 TEST(Sm90Gemm, LeanTiles) {
-  auto lean = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                 DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNLean); };
+  auto lean = tiled(kTileNLean);
   check_tile_width(kTileNLean, {{128, 160, 64}, {1000, 1000, 1032}, {2048, 2240, 1024}},
                    {1112, 1032},
                    {{lean(1000, 1112, 520), 7, true, false},   // 56 tiles: 8 a block
@@ -727,8 +730,7 @@ TEST(Sm90Gemm, LeanTiles) {
 // last tile of 8 columns, N = 1056 a whole one). A workspace is never used: gemm_work gives no split
 // where the hooked widths would split.
 TEST(Sm90Gemm, FitTiles) {
-  auto fit = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                DType out = DType::kBF16) { return shape(m, n, k, in, out, kTileNFit); };
+  auto fit = tiled(kTileNFit);
   check_tile_width(kTileNFit, {{128, 176, 64}, {1000, 1056, 1032}, {2048, 2112, 1024}},
                    {1064, 1032},
                    {{fit(1000, 1064, 520), 7, true, false},    // 56 tiles: 8 a block
@@ -749,12 +751,7 @@ TEST(Sm90Gemm, FitTiles) {
 // kReduceAdd, strided and unaligned C, several tiles a block, and a ragged last tile row of every
 // remainder class around the 64- and 128-row slabs (the short A box of up to 256 rows).
 TEST(Sm90Gemm, TallTiles) {
-  auto tall = [](int64_t m, int64_t n, int64_t k, DType in = DType::kBF16,
-                 DType out = DType::kBF16) {
-    GemmArgs a = shape(m, n, k, in, out, kTileNTall);
-    a.tile_m = kTileMTall;
-    return a;
-  };
+  auto tall = tiled(kTileNTall, kTileMTall);
   check_tile_width(kTileNTall, {{256, 160, 64}, {1024, 1120, 1032}, {2048, 2240, 1024}},
                    {1112, 1032},
                    {{tall(1000, 1112, 520), 7, true, false},  // 28 tiles: 4 a block

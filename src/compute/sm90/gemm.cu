@@ -91,8 +91,8 @@ GemmTile resolved_tile(const GemmArgs& args, int sms, bool plain) {
                         plain && args.plain_tiles && args.start_m == 0 && args.row_bands == 1);
 }
 
-GemmSplit possible_split(const GemmArgs& args, int sms) {
-  const GemmTile t = resolved_tile(args, sms, false);
+// The split of a launch of tile t (resolved_tile) with a workspace.
+GemmSplit possible_split(const GemmArgs& args, int sms, GemmTile t) {
   const GemmSplit s =
       gemm_split(gemm_tile_grid(args.m, args.n, t.n, t.m).num_tiles(), sms,
                  args.k, gemm_tile_rows(args.m));
@@ -110,7 +110,7 @@ GemmWork gemm_work(const GemmArgs& args, bool plain) {
   w.tile_n = t.n, w.tile_m = t.m;
   w.tiles = gemm_tile_grid(args.m, args.n, t.n, t.m).num_tiles();
   if (args.workspace != nullptr && !gemm_plain_only_tile(t.m, t.n)) {
-    w.split = possible_split(args, sms);
+    w.split = possible_split(args, sms, t);
   }
   const int64_t units = w.tiles + (w.split.parts - 1) * w.split.tiles;
   w.blocks = static_cast<int>(units < sms ? (units < 1 ? 1 : units) : sms);
@@ -130,7 +130,7 @@ int64_t gemm_workspace_bytes(const GemmArgs& args) {
   const int sms = resolved_sms(args);
   const GemmTile t = resolved_tile(args, sms, false);
   if (gemm_plain_only_tile(t.m, t.n)) return 0;  // never split
-  return gemm_split_workspace_bytes(possible_split(args, sms), t.n);
+  return gemm_split_workspace_bytes(possible_split(args, sms, t), t.n);
 }
 
 void gemm_check(const GemmArgs& a) {

@@ -333,8 +333,7 @@ inline constexpr double kTallTileGain = 0.99;
 TL_HD inline double gemm_plain_tile_cost(int64_t m, int64_t n, int64_t k, int blocks, GemmTile t,
                                          double gain) {
   const int64_t tiles = gemm_tile_grid(m, n, t.n, t.m).num_tiles();
-  const int64_t tail = tiles % blocks;
-  if (tail != 0 && 2 * tail <= blocks && (k + kTileK - 1) / kTileK >= kSplitMinKTiles) {
+  if (gemm_split(tiles, blocks, k).tiles > 0) {
     return -1;  // the hooked widths would split this last wave; these tiles do not
   }
   const double waves = static_cast<double>((tiles + blocks - 1) / blocks);
