@@ -182,10 +182,13 @@ void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool h
       a.causal = s.causal, a.dtype = p.dtype;
       a.q_pos0 = run.pos0, a.kv_pos0 = 0;
       a.kv_walk_from = std::min(own_last, a.seq_k - 1);  // fused and unfused alike: the same bits
-      // Hooked: persistent on the rank's SMs less the copies' (on one GPU a copy is a driver kernel
-      // on the SMs: a block an item filling every SM with blocks that wait for it would never let
-      // it run). Plain: a block an item on every SM.
-      a.num_sms = hooked ? attention_sms(r) : 0;
+      // Hooked, ranks sharing a GPU: persistent on the rank's SMs less the copies' (there a copy is
+      // a driver kernel on the SMs: a block an item filling every SM with blocks that wait for it
+      // would never let it run); the same in a captured call, whose stream signals are one-thread
+      // kernels (the split leaves them an SM). Hooked on a GPU per rank, eager, and plain: a block
+      // an item on every SM (the peers' pieces come by the copy engines; the own ones are in place
+      // before the launch).
+      a.num_sms = hooked && (!rt_->gpu_per_rank() || rt_->graph_mode()) ? attention_sms(r) : 0;
       if (!hooked) {
         sm90::attn_detail::launch_checked(a, sm90::NoAttnHooks{}, stream);
         continue;
@@ -197,19 +200,19 @@ void SpAttn::enqueue_attention(int r, const void* q, void* o, float* lse, bool h
   }
 }
 
-void SpAttn::enqueue_comm(int r, const void* k, const void* v) {
+void SpAttn::enqueue_comm(int r, const void* k, const void* v, Pieces which) {
   const SpAttnPlan& p = plans_[r];
   const int W = p.world_size;
   const StreamExec x{rt_->stream_context(r), rt_->view(r)};
   const uint64_t epoch = rt_->value(r);
-  x.barrier(p.barrier, epoch);
+  if (which != Pieces::kPeers) x.barrier(p.barrier, epoch);
   const int64_t block = p.local_rows() * p.kv_row_bytes();  // a batch entry of this rank's K or V
   const int64_t needed = keys_needed(p);
   // The AllGather's pull program over the pieces (comm/allgather.hpp's, with the gathered rows at
   // their positions): the own pieces first, then rank - 1's, ...; a piece the queries never read
   // (past the last key under the mask) is never moved.
   for (int b = 0; b < p.shape.batch; ++b) {
-    for (int s = 0; s < W; ++s) {
+    for (int s = which == Pieces::kPeers ? 1 : 0; s < (which == Pieces::kOwn ? 1 : W); ++s) {
       const int owner = ((r - s) % W + W) % W;
       for (const KeyPiece& piece : key_pieces(p.sharding, owner)) {
         if (piece.pos.begin >= needed) continue;
@@ -250,12 +253,18 @@ void SpAttn::run(const std::vector<const void*>& q, const std::vector<const void
     });
   }
   rt_->begin(1);
-  // Virtual ranks: every rank's engine (persistent, waiting per tile) is launched before any comm
-  // program is enqueued, as AG+GEMM's (fused_runtime.hpp, LaunchOrder).
+  // Every rank's engine (waiting per tile) is launched before any comm program is enqueued, as
+  // AG+GEMM's (fused_runtime.hpp, LaunchOrder). On a GPU per rank the engine is a block an item on
+  // every SM, and the own pieces (a copy on the rank's GPU, which may take SMs) are moved and
+  // announced before it starts: the entry barrier and the own pieces before the fork.
+  const bool own_first = rt_->gpu_per_rank();
   rt_->fused_call(
-      LaunchOrder::kComputeFirst, detail::NoStep{},
+      LaunchOrder::kComputeFirst,
+      [&](int r) {
+        if (own_first) enqueue_comm(r, k[r], v[r], Pieces::kOwn);
+      },
       [&](int r) { enqueue_attention(r, q[r], o[r], lse[r], true, rt_->gemm_stream(r)); },
-      [&](int r) { enqueue_comm(r, k[r], v[r]); });
+      [&](int r) { enqueue_comm(r, k[r], v[r], own_first ? Pieces::kPeers : Pieces::kAll); });
 }
 
 PathChoice SpAttn::choose(OpPath requested) const {
@@ -293,6 +302,47 @@ void SpAttn::run_unfused(const std::vector<const void*>& q, const std::vector<co
                          const std::vector<float*>& lse) {
   check_args(q, k, v, o, lse);
   const Field<Signal> barrier = plans_[rt_->first_rank()].barrier;
+  auto engines = [&] {
+    for (int r : world_.local_ranks()) {
+      world_.bind(r);
+      enqueue_attention(r, q[r], o[r], lse[r], false, world_.stream(r));
+    }
+  };
+  if (rt_->nccl()) {
+    // NCCL's AllGather of K and V (a GPU per rank), then the engine on every SM. Contiguous shards
+    // land in rank order: one AllGather a batch entry and tensor (broadcasts where ragged); zigzag
+    // chunks land at their positions: a broadcast a chunk.
+    return rt_->nccl_call(barrier, [&] {
+      const SpAttnPlan& p0 = plans_[rt_->first_rank()];
+      const int64_t rb = p0.kv_row_bytes();
+      for (int b = 0; b < p0.shape.batch; ++b) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const std::vector<const void*>& in = kv == 0 ? k : v;
+          auto gathered = [&](int r) { return rt_->view(r).local(kv == 0 ? plans_[r].k[b].f.gathered : plans_[r].v[b].f.gathered); };
+          auto mine = [&](int r) {  // batch entry b of rank r's K or V
+            return static_cast<const std::byte*>(in[r]) + b * plans_[r].local_rows() * rb;
+          };
+          if (p0.sharding.shard == SeqShard::kContiguous) {
+            std::vector<const void*> send(world_.size(), nullptr);
+            std::vector<void*> recv(world_.size(), nullptr);
+            for (int r : world_.local_ranks()) send[r] = mine(r), recv[r] = gathered(r);
+            rt_->lanes().nccl_all_gather_rows(p0.sharding.rows, rb / 2, send, recv);
+            continue;
+          }
+          std::vector<std::pair<int, KeyPiece>> pieces;  // (owner, piece)
+          for (int owner = 0; owner < world_.size(); ++owner)
+            for (const KeyPiece& piece : key_pieces(p0.sharding, owner)) pieces.emplace_back(owner, piece);
+          rt_->lanes().nccl_broadcasts(static_cast<int>(pieces.size()), [&](int i, int r) {
+            const auto& [root, piece] = pieces[i];
+            return detail::RankLanes::Broadcast{root, r == root ? mine(r) + piece.row0 * rb : nullptr,
+                                                gathered(r) + piece.pos.begin * rb,
+                                                static_cast<size_t>(piece.pos.size() * rb)};
+          });
+        }
+      }
+      engines();
+    });
+  }
   // AllGather of K and V on the copy engine, every rank: barrier, own rows into every rank,
   // barrier; then the engine on every SM. NOTE: all copies are enqueued before any engine launch.
   rt_->own_call(barrier, [&] {
@@ -317,10 +367,7 @@ void SpAttn::run_unfused(const std::vector<const void*>& q, const std::vector<co
       }
       rank_barrier(sc, heap, p.barrier, rt_->value(r, 2));
     }
-    for (int r : world_.local_ranks()) {
-      world_.bind(r);
-      enqueue_attention(r, q[r], o[r], lse[r], false, world_.stream(r));
-    }
+    engines();
   });
 }
 

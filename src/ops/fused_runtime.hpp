@@ -230,6 +230,7 @@ class FusedRuntime {
 
   // ---- the unfused baseline ----------------------------------------------------------------
   bool nccl() const { return lanes_->nccl(); }
+  bool gpu_per_rank() const { return lanes_->gpu_per_rank(); }
   // cuBLAS+NCCL (peer, ipc): body() enqueues the GEMMs and NCCL's collective; first, the op's
   // entry barrier where an earlier fused call (or part) may still read this rank's buffers
   // (RankLanes::nccl_entry_barrier).

@@ -261,9 +261,16 @@ void MoeAgGemm::run(const std::vector<const void*>& x, const std::vector<const i
   if (world_.size() == 1)  // X's rows read by index
     return world1(x[0], ids[0], weights[0], w1[0], out[0], MoePath::kFused);
   rt_->begin(1);
+  // A GPU per rank: the GEMM holds every SM, and a copy inside one GPU may need SMs, so the own
+  // rows are moved and announced before the fork (the peers' come by the copy engines beside it).
+  const bool own_first = rt_->gpu_per_rank();
   rt_->fused_call(
-      LaunchOrder::kComputeFirst, detail::NoStep{}, [&](int r) { enqueue_compute(r, w1[r], out[r]); },
-      [&](int r) { enqueue_comm(r, x[r], ids[r], weights[r]); });
+      LaunchOrder::kComputeFirst,
+      [&](int r) {
+        if (own_first) enqueue_comm(r, x[r], ids[r], weights[r], AllGatherPart::kOwn);
+      },
+      [&](int r) { enqueue_compute(r, w1[r], out[r]); },
+      [&](int r) { enqueue_comm(r, x[r], ids[r], weights[r], own_first ? AllGatherPart::kRemote : AllGatherPart::kAll); });
 }
 
 void MoeAgGemm::enqueue_compute(int r, const void* w1, void* out) {
@@ -278,15 +285,18 @@ void MoeAgGemm::enqueue_compute(int r, const void* w1, void* out) {
   enqueue_grouped(r, w1, out, true, sc.stream);
 }
 
-void MoeAgGemm::enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights) {
-  // the AllGathers in sequence on the copy engine: ids, X, then the weights
+void MoeAgGemm::enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights, AllGatherPart part) {
+  // the AllGathers in sequence on the copy engine: ids, X, then the weights (kOwn: the barrier and
+  // the own rows of each; kRemote: the peers' rows of each)
   const MoeAgGemmPlan& p = plans_[r];
   const StreamExec ex{rt_->stream_context(r), rt_->view(r)};
   const uint64_t epoch = rt_->value(r);
-  ex.barrier(p.barrier, epoch);
-  for (int i = 0; i < p.ids.count(); ++i) allgather_item(ex, p.ids, i, epoch, ids);
-  for (int i = 0; i < p.x.count(); ++i) allgather_item(ex, p.x, i, epoch, x);
-  for (int i = 0; i < p.weights.count(); ++i) allgather_item(ex, p.weights, i, epoch, weights);
+  if (part != AllGatherPart::kRemote) ex.barrier(p.barrier, epoch);
+  const std::pair<const AllGatherPlan*, const void*> programs[] = {{&p.ids, ids}, {&p.x, x}, {&p.weights, weights}};
+  for (const auto& [plan, a] : programs) {
+    if (part == AllGatherPart::kOwn) allgather_own_rows(ex, *plan, epoch, a);
+    else allgather_items(ex, *plan, epoch, a, part == AllGatherPart::kRemote);
+  }
 }
 
 void MoeAgGemm::run_comm_only(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
@@ -296,7 +306,7 @@ void MoeAgGemm::run_comm_only(const std::vector<const void*>& x, const std::vect
   rt_->begin(1);
   for (int r : world_.local_ranks()) {
     world_.bind(r);
-    enqueue_comm(r, x[r], ids[r], weights[r]);
+    enqueue_comm(r, x[r], ids[r], weights[r], AllGatherPart::kAll);
   }
 }
 

@@ -118,6 +118,9 @@ class RankLanes {
 
   // ---- the NCCL baseline ----------------------------------------------------------------------
   bool nccl() const { return baseline_ == BaselineComm::kNccl; }
+  // Every rank on a GPU of its own (peer; ipc with distinct GPUs): the baseline is NCCL's, and a
+  // copy from a peer's GPU runs on the copy engines, never on the SMs.
+  bool gpu_per_rank() const { return baseline_ == BaselineComm::kNccl; }
 
   // Whether an NCCL baseline call must begin with the op's stream barrier. NCCL orders the buffers
   // its collectives touch, but an earlier call of the fused op (or of a part) may still be reading
@@ -153,6 +156,31 @@ class RankLanes {
         TL_NCCL_CHECK(ncclBroadcast(r == root ? send[r] : dst, dst,
                                     static_cast<size_t>(rows.size(root) * row_elems), ncclBfloat16, root,
                                     nccl_[r], world_.stream(r)));
+      }
+    }
+    TL_NCCL_CHECK(ncclGroupEnd());
+  }
+
+  // Broadcasts of byte pieces, grouped: piece i goes from its root to every rank (the root's own
+  // copy included). piece_of(i, r) gives rank r's view of piece i, {root, send (read on the root),
+  // recv (rank r's destination), bytes}; every rank must see the same roots and sizes. For pieces
+  // that do not land in rank order (a zigzag shard's chunks at their positions). On each rank's stream.
+  struct Broadcast {
+    int root = 0;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    size_t bytes = 0;
+  };
+  template <class PieceOf>
+  void nccl_broadcasts(int count, PieceOf&& piece_of) {
+    require_nccl("Broadcast");
+    TL_NCCL_CHECK(ncclGroupStart());
+    for (int r : world_.local_ranks()) {
+      for (int i = 0; i < count; ++i) {
+        const Broadcast b = piece_of(i, r);
+        if (b.bytes == 0) continue;
+        TL_NCCL_CHECK(ncclBroadcast(r == b.root ? b.send : b.recv, b.recv, b.bytes, ncclInt8, b.root, nccl_[r],
+                                    world_.stream(r)));
       }
     }
     TL_NCCL_CHECK(ncclGroupEnd());

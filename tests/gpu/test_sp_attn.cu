@@ -41,11 +41,12 @@ struct Case {
   std::vector<int64_t> split;  // contiguous: S_r per rank (zigzag: filled from the sharding)
   DType dtype = DType::kBF16;
   bool lse = true;
+  tlc::Transport transport = tlc::Transport::kVirtual;  // peer: a GPU a rank
 };
 
 ::testing::Message describe(const Case& c) {
   ::testing::Message m;
-  m << "world " << c.world << (c.shard == SeqShard::kZigzag ? " zigzag" : "") << ", batch " << c.shape.batch << ", S " << c.shape.seq << " (";
+  m << "world " << c.world << " " << tlc::transport_name(c.transport) << (c.shard == SeqShard::kZigzag ? " zigzag" : "") << ", batch " << c.shape.batch << ", S " << c.shape.seq << " (";
   for (int64_t n : c.split) m << n << " ";
   m << "), heads " << c.shape.heads_q << "/" << c.shape.heads_kv << ", D " << c.shape.head_dim
     << (c.shape.causal ? ", causal" : ", no mask") << ", " << dtype_name(c.dtype) << (c.lse ? ", lse" : "");
@@ -59,7 +60,7 @@ class Harness {
  public:
   explicit Harness(const Case& c)
       : c_(c),
-        world_(tlc::WorldOptions{.transport = tlc::Transport::kVirtual, .world_size = c.world}),
+        world_(tlc::WorldOptions{.transport = c.transport, .world_size = c.world}),
         sharding_(SeqSharding::make(c.shard, c.shape.seq, c.world, c.split)),
         op_(world_, c.shape, sharding_, c.dtype) {
     c_.split.resize(c.world);
@@ -268,8 +269,9 @@ TEST(SpAttnCuda, ZigzagShards) {
 
 // A captured call replayed on fresh inputs gives what an eager call gives.
 template <class Op>
-void graph_replays(test::Rng& rng) {
+void graph_replays(test::Rng& rng, tlc::Transport transport = tlc::Transport::kVirtual) {
   Case c = make(2, 900, 8, 2, 128, true, rng);
+  c.transport = transport;
   Harness<Op> h(c);
   const SpAttnShape& s = c.shape;
   tlc::WorldGraph graph(h.world(), [&] { h.enqueue(true); });
@@ -363,6 +365,35 @@ TEST(SpAttnCuda, RefusesWhatItCannotRun) {
   EXPECT_THROW(ring.run(none, none, none, none_o, no_lse), Error);
   EXPECT_THROW(ring.run(one, one, one, none_o, no_lse), Error);
   EXPECT_THROW(tlc::RingAttn(world, d96, even, DType::kBF16), Error);
+}
+
+// A GPU a rank (peer): sp_attn's engine a block an item waiting per tile beside the copy engines'
+// pulls, its own pieces moved before it starts; the baseline's AllGather is NCCL's (rank order for
+// contiguous shards, a broadcast a chunk for zigzag ones); both against float64 and equal. The
+// ring between GPUs, and captured calls of both.
+TEST(SpAttnCudaPeer, SeparateGpus) {
+  TL_SKIP_UNLESS_GPUS(2);
+  TL_SEEDED_RNG(rng);
+  const int gpus = std::min(test::gpu_count(), 4);
+  for (int world = 2; world <= gpus; ++world) {
+    for (bool causal : {false, true}) {
+      Case c = make(world, 700 + 13 * world, 8, 2, 128, causal, rng);
+      c.transport = tlc::Transport::kPeer;
+      run_case(c, rng);
+      c.shard = SeqShard::kZigzag, c.split.clear();
+      run_case(c, rng);
+      run_case<tlc::RingAttn>(c, rng);
+    }
+  }
+  Case c = make(2, 600, 8, 4, 64, true, rng);
+  c.transport = tlc::Transport::kPeer, c.split = {0, 600};  // an empty shard
+  c.dtype = DType::kF16, c.shape.batch = 2;
+  run_case(c, rng);
+  run_case<tlc::RingAttn>(c, rng);
+  c.split = {300, 300};  // even: one ncclAllGather a batch entry and tensor
+  run_case(c, rng);
+  graph_replays<tlc::SpAttn>(rng, tlc::Transport::kPeer);
+  graph_replays<tlc::RingAttn>(rng, tlc::Transport::kPeer);
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include "tilelink/core/error.hpp"
 #include "tilelink/runtime/world.hpp"
 
 namespace tilelink::cli {
@@ -34,6 +37,33 @@ inline std::string source_commit() {
   }
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out.empty() ? "unknown" : out;
+}
+
+// The transport of a world of `world` ranks that this one process drives: "virtual" (ranks on one
+// GPU, each its green context's SMs) or "peer" (a GPU a rank, peer access, NCCL's baselines);
+// "auto": peer where this machine has a GPU for every rank of a world of more than one, else
+// virtual. ipc (a process a rank) is refused: these commands hold every rank's data.
+inline void require_one_process_transport_name(const std::string& name, const std::string& who) {
+  TL_REQUIRE(name == "auto" || name == "virtual" || name == "peer",
+             who << ": --transport must be auto, virtual or peer, got '" << name << "'");
+}
+inline cuda::Transport one_process_transport(const std::string& name, int world, const std::string& who) {
+  cuda::Transport t = cuda::Transport::kVirtual;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    (void)cudaGetLastError();
+    devices = 0;
+  }
+  if (name == "auto") return world > 1 && devices >= world ? cuda::Transport::kPeer : cuda::Transport::kVirtual;
+  TL_REQUIRE(cuda::parse_transport(name, &t) && t != cuda::Transport::kIpc,
+             who << ": --transport must be auto, virtual or peer, got '" << name << "'");
+  TL_REQUIRE(t != cuda::Transport::kPeer || devices >= world,
+             who << ": --transport peer needs a GPU a rank: world " << world << ", " << devices << " GPU(s) here");
+  return t;
+}
+inline const char* transport_words(cuda::Transport t) {
+  return t == cuda::Transport::kPeer ? "ranks on separate GPUs (peer; baselines' collectives: NCCL)"
+                                     : "virtual ranks on one GPU (each its green context's SMs)";
 }
 
 // Host wall time of fn() and the world's sync, in ms.

@@ -23,8 +23,8 @@
 // --out FILE: one tab-separated line a row (after a header line): batch seq heads_q heads_kv
 // head_dim causal time_ms tflops (causal 0 or 1).
 //
-// tilelink bench sp_attn | ring_attn: the sequence-parallel ops on virtual ranks of one GPU
-// (ops/attention_cuda.hpp), each against the AllGather-then-attention baseline, at --world 2,4,8;
+// tilelink bench sp_attn | ring_attn: the sequence-parallel ops over the ranks of a world (virtual
+// ranks of one GPU; --transport peer or auto with a GPU a rank: separate GPUs) (ops/attention_cuda.hpp), each against the AllGather-then-attention baseline, at --world 2,4,8;
 // shapes `sp` (1x8192x32x8x128, 2x8192x32x32x128, 1x32768x32x8x128, 1x32768x32x32x64) and `ring`
 // (1x12288x16x16x128, 1x49152x16x16x128, 1x196608x16x16x128, 1x49152x16x16x64).
 #include <cuda_bf16.h>
@@ -393,6 +393,8 @@ int bench_seq_parallel(Args& args) {
   const int warmup = static_cast<int>(args.get_int_in("--warmup", 1, 0, 100000));
   const uint64_t seed = static_cast<uint64_t>(args.get_int("--seed", 1));
   const std::string shard_opt = args.get("--shard", "contiguous");
+  const std::string transport_opt = args.get("--transport", "auto");
+  require_one_process_transport_name(transport_opt, "bench " + std::string(name));
   DType dtype = DType::kBF16;
   TL_REQUIRE(parse_dtype(args.get("--dtype", "bf16"), &dtype) && dtype != DType::kF32,
              "bench " << name << ": --dtype must be bf16 or fp16");
@@ -414,8 +416,8 @@ int bench_seq_parallel(Args& args) {
               source_commit().c_str());
   if constexpr (kRing) {
     std::printf(
-        "# bench ring_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
-        "unfused = copy-engine AllGather of K and V, then the engine once; fused = the ring on the copy engine, "
+        "# bench ring_attn: %s, %s shards; "
+        "unfused = AllGather of K and V (copy engine; NCCL on peer), then the engine once; fused = the ring on the copy engine, "
         "each step's block folded by the engine (log-sum-exp merge) while the next one moves; comm / attn = the "
         "ring alone and the engine's steps alone; ideal = max(comm, attn); overlap = (comm + attn - fused) / "
         "min(comm, attn); ms: host wall medians of %d after %d warm-ups; check: fused within 2e-2 of unfused on "
@@ -425,8 +427,8 @@ int bench_seq_parallel(Args& args) {
                 "overlap | check | auto\n");
   } else {
     std::printf(
-        "# bench sp_attn: %s, virtual ranks on one GPU (each its green context's SMs), %s shards; "
-        "unfused = copy-engine AllGather of K and V, then the engine; fused = the engine waiting per key/value tile "
+        "# bench sp_attn: %s, %s shards; "
+        "unfused = AllGather of K and V (copy engine; NCCL on peer), then the engine; fused = the engine waiting per key/value tile "
         "beside the copy engine's tiles; comm / attn = the parts alone; ideal = max(comm, attn); overlap = (comm + "
         "attn - fused) / min(comm, attn); ms: host wall medians of %d after %d warm-ups; check: fused and unfused "
         "bit-identical on every rank; auto: the path model's choice\n",
@@ -437,8 +439,9 @@ int bench_seq_parallel(Args& args) {
   int failed = 0;
   for (int64_t W : worlds) {
     tlc::WorldOptions wo;
-    wo.transport = tlc::Transport::kVirtual;
+    wo.transport = one_process_transport(transport_opt, static_cast<int>(W), "bench " + std::string(name));
     wo.world_size = static_cast<int>(W);
+    std::printf("# world %lld: %s\n", static_cast<long long>(W), transport_words(wo.transport));
     tlc::World world(wo);
     for (const AttnShape& sh : shapes) {
       for (bool causal : masks) {
@@ -538,9 +541,9 @@ int bench_seq_parallel(Args& args) {
 TILELINK_REGISTER_COMMAND(
     {"bench sp_attn",
      "[--world 2,4,8] [--shapes sp|ring|small|BxSxHqxHkvxD,...] [--causal no|yes|both] [--shard contiguous|zigzag] "
-     "[--reps R] [--warmup W] [--seed S] [--dtype bf16|fp16]",
+     "[--transport auto|virtual|peer] [--reps R] [--warmup W] [--seed S] [--dtype bf16|fp16]",
      "sequence-parallel attention (AllGather of K and V + the attention engine, waiting per tile) on "
-     "virtual ranks of one GPU, against its unfused baseline and its parts; fused and unfused checked "
+     "virtual ranks of one GPU or a GPU a rank, against its unfused baseline and its parts; fused and unfused checked "
      "bit for bit",
      &bench_seq_parallel<tilelink::cuda::SpAttn>,
      {}});
@@ -548,9 +551,9 @@ TILELINK_REGISTER_COMMAND(
 TILELINK_REGISTER_COMMAND(
     {"bench ring_attn",
      "[--world 2,4,8] [--shapes ring|sp|small|BxSxHqxHkvxD,...] [--causal no|yes|both] [--shard contiguous|zigzag] "
-     "[--reps R] [--warmup W] [--seed S] [--dtype bf16|fp16]",
+     "[--transport auto|virtual|peer] [--reps R] [--warmup W] [--seed S] [--dtype bf16|fp16]",
      "ring attention (K and V blocks around the ring on the copy engine, each step folded by the attention "
-     "engine's log-sum-exp merge) on virtual ranks of one GPU, against the AllGather-then-attention "
+     "engine's log-sum-exp merge) on virtual ranks of one GPU or a GPU a rank, against the AllGather-then-attention "
      "baseline; fused checked against unfused on every element",
      &bench_seq_parallel<tilelink::cuda::RingAttn>,
      {}});

@@ -28,7 +28,8 @@ AttnGpu& attn_gpu() {
 const char* kAttnUsage =
     "[--batch B] [--seq S] [--heads Hq] [--kv-heads Hkv] [--head-dim D] [--causal] "
     "[--shard contiguous|zigzag] [--seq-split|--s-split c0,c1,... (contiguous: each rank's positions)] [--world W] "
-    "[--dtype bf16|fp16|fp32] [--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda (cuda: virtual ranks on one GPU)]";
+    "[--dtype bf16|fp16|fp32] [--seed S] [--iters I] [--tolerance E] [--backend auto|cpu|cuda] "
+    "[--transport auto|virtual|peer (cuda: virtual ranks on one GPU, or a GPU a rank; auto: peer where there is a GPU a rank)]";
 
 class AttnProblem final : public LayerProblem {
  public:
@@ -101,7 +102,9 @@ class AttnProblem final : public LayerProblem {
   CpuOutcome check_cuda(const LayerRun& run) const override {
     const std::string why = cuda_refusal();
     TL_REQUIRE(why.empty(), name_ << " --backend cuda: " << why);
-    std::unique_ptr<AttnGpuRunner> gpu = attn_gpu().make(gpu_problem());
+    AttnGpuProblem problem = gpu_problem();
+    problem.transport = run.transport;
+    std::unique_ptr<AttnGpuRunner> gpu = attn_gpu().make(problem);
     CpuOutcome o = check(run, [&](bool fused, const Shards& qs, const Shards& ks, const Shards& vs, Shards& o_,
                                   std::vector<std::vector<float>>& l_) { return gpu->run(fused, qs, ks, vs, o_, l_); });
     o.identical_required = !ring_;  // the GPU ring merges W softmaxes; its baseline takes one
@@ -113,7 +116,7 @@ class AttnProblem final : public LayerProblem {
   using CallOp = std::function<double(bool fused, const Shards& q, const Shards& k, const Shards& v, Shards& o,
                                       std::vector<std::vector<float>>& lse)>;
 
-  AttnGpuProblem gpu_problem() const { return {ring_, world_, shape_, sharding_, dtype_}; }
+  AttnGpuProblem gpu_problem() const { return {ring_, world_, "auto", shape_, sharding_, dtype_}; }
 
   // run.iters calls of the fused op and of its unfused baseline through call_op, on fresh random
   // inputs, outputs poisoned: fused against unfused bit for bit, both against float64.

@@ -1,5 +1,5 @@
 // The GPU side of `tilelink run sp_attn|ring_attn --backend cuda` (layer_ops.hpp, AttnGpuRunner): a
-// world of virtual ranks on one GPU and cuda::SpAttn or cuda::RingAttn (ops/attention_cuda.hpp),
+// world (virtual ranks on one GPU, or a GPU a rank) and cuda::SpAttn or cuda::RingAttn (ops/attention_cuda.hpp),
 // every rank's shards copied in and its outputs copied back, the call timed with CUDA events on
 // every rank's stream.
 #include <cuda_runtime.h>
@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "bench_world.hpp"
 #include "device_buffer.hpp"
 #include "layer_ops.hpp"
 #include "tilelink/backend/cuda/check.hpp"
@@ -37,7 +38,7 @@ class OpRunner final : public AttnGpuRunner {
  public:
   explicit OpRunner(const AttnGpuProblem& p) : p_(p) {
     tlc::WorldOptions wo;
-    wo.transport = tlc::Transport::kVirtual;
+    wo.transport = one_process_transport(p.transport, p.world, p.ring ? "ring_attn (cuda)" : "sp_attn (cuda)");
     wo.world_size = p.world;
     world_ = std::make_unique<tlc::World>(wo);
     op_ = std::make_unique<Op>(*world_, p.shape, p.sharding, p.dtype);

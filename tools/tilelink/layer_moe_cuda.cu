@@ -1,5 +1,6 @@
 // The GPU side of `tilelink run moe_ag_gemm|moe_gemm_rs|moe_mlp --backend cuda` (layer_ops.hpp,
-// MoeGpuRun): one call of the layer on virtual ranks of one GPU through the ops of
+// MoeGpuRun): one call of the layer over the ranks of a world (virtual ranks of one GPU, or a GPU a
+// rank) through the ops of
 // ops/moe_ops_cuda.hpp (world 1: cuda::MoeLayer alone), every rank's inputs copied in and its
 // output copied back, timed on the host clock to the world's sync.
 #include <cuda_runtime.h>
@@ -17,11 +18,11 @@
 namespace tilelink::cli {
 namespace {
 
-double run_moe_on_gpu(const MoeGpuCall& c, bool fused, const std::vector<std::byte*>& out) {
+MoeGpuResult run_moe_on_gpu(const MoeGpuCall& c, bool fused, const std::vector<std::byte*>& out) {
   const int W = c.tokens.world_size;
   const int64_t eb = dtype_size(c.dtype), M = c.tokens.total(), rows = M * c.topk, h = c.hidden;
   const int64_t e = c.experts;
-  cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = W});
+  cuda::World world({.transport = one_process_transport(c.transport, W, "moe (cuda)"), .world_size = W});
   std::vector<std::unique_ptr<DeviceBuffer>> keep;
   auto put = [&](int r, const void* host, int64_t bytes) -> const void* {
     if (host == nullptr || bytes == 0) return nullptr;
@@ -71,7 +72,7 @@ double run_moe_on_gpu(const MoeGpuCall& c, bool fused, const std::vector<std::by
     TL_REQUIRE(status == 0, "moe (cuda): rank " << r << "'s routing found a bad expert id at pair " << status - 1);
     if (out_bytes[r] > 0) TL_CUDA_CHECK(cudaMemcpy(out[r], d_out[r], out_bytes[r], cudaMemcpyDeviceToHost));
   }
-  return ms;
+  return {ms, world.transport() != cuda::Transport::kVirtual && W > 1 && c.op != 0};
 }
 
 }  // namespace

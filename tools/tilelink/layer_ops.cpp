@@ -40,6 +40,10 @@ LayerRun parse_layer_run(Args& args) {
   run.iters = static_cast<int>(args.get_int_in("--iters", 3, 1, 1000000));
   run.tolerance = args.get_double("--tolerance", 0);
   TL_REQUIRE(run.tolerance >= 0, "--tolerance must be >= 0, got " << run.tolerance);
+  run.transport = args.get("--transport", "auto");
+  TL_REQUIRE(run.transport == "auto" || run.transport == "virtual" || run.transport == "peer",
+             "--transport must be auto, virtual or peer (the layer ops drive every rank from one process), got '"
+                 << run.transport << "'");
   return run;
 }
 
@@ -58,6 +62,7 @@ int run_layer_command(Args& args, const LayerOpSpec& spec) {
     const std::string why = problem->cuda_refusal();
     TL_REQUIRE(why.empty(), spec.name << " cannot run on --backend cuda: " << why << " (use --backend cpu)");
   } else {
+    TL_REQUIRE(run.transport == "auto", "--transport applies to the CUDA backend only (--backend cuda)");
     run.backend = "cpu";
   }
   if (run.tolerance == 0) run.tolerance = problem->default_tolerance();

@@ -28,6 +28,7 @@ struct LayerRun {
   uint64_t seed = 1;
   int iters = 3;
   double tolerance = 0;  // 0: the problem's default
+  std::string transport = "auto";  // cuda: auto|virtual|peer (bench_world.hpp's one_process_transport)
 };
 
 class LayerProblem {
@@ -48,7 +49,8 @@ class LayerProblem {
 // it): one layer's call on one GPU, its output copied back.
 struct MoeGpuCall {
   int op = 0;  // 0: moe_ag_gemm, 1: moe_gemm_rs, 2: moe_mlp
-  RowPartition tokens;               // M over the ranks (virtual ranks on one GPU)
+  std::string transport = "auto";    // virtual ranks on one GPU, or peer (a GPU a rank)
+  RowPartition tokens;               // M over the ranks
   int64_t hidden = 0;
   std::vector<int64_t> ffn;          // F_r per rank
   int experts = 0, topk = 0;
@@ -61,19 +63,26 @@ struct MoeGpuCall {
   std::vector<const std::byte*> w2;  // per rank [E, H, F_r]
 };
 // Runs the call (fused or the unfused pipeline) into out[r] (host; layer 0 [M * topk, F_r], the
-// others [M_r, H]) and returns the call's milliseconds (host clock, to the world's sync).
+// others [M_r, H]) and returns the call's milliseconds (host clock, to the world's sync) and
+// whether its unfused path sums over ranks in NCCL's order (layer 1 and the MLP on a GPU a rank:
+// then fused and unfused are not bit for bit the same).
+struct MoeGpuResult {
+  double ms = 0;
+  bool nccl_sums = false;
+};
 using MoeGpuRun =
-    std::function<double(const MoeGpuCall& call, bool fused, const std::vector<std::byte*>& out)>;
+    std::function<MoeGpuResult(const MoeGpuCall& call, bool fused, const std::vector<std::byte*>& out)>;
 void attach_moe_gpu(MoeGpuRun run);
 void attach_moe_layers_cuda();  // layer_moe_cuda.cu (CUDA builds): attach_moe_gpu(the GPU's run)
 
-// The GPU side of the attention layer ops (layer_attention_cuda.cu): a world of `world` virtual
-// ranks on one GPU and the op, made once per check; run() copies every rank's shards in, runs the
+// The GPU side of the attention layer ops (layer_attention_cuda.cu): a world of `world` ranks
+// (virtual ranks on one GPU, or a GPU a rank: `transport`) and the op, made once per check; run() copies every rank's shards in, runs the
 // fused call or its unfused baseline, copies o and lse ([B, S_r, Hq]) back, and returns the call's
 // GPU milliseconds. cuda_refusal(): empty where the build and the problem have a CUDA form.
 struct AttnGpuProblem {
   bool ring = false;
   int world = 1;
+  std::string transport = "auto";
   SpAttnShape shape;
   SeqSharding sharding;
   DType dtype = DType::kBF16;
@@ -105,7 +114,7 @@ bool register_layer_op(LayerOpSpec spec);
 const std::vector<LayerOpSpec>& layer_op_specs();
 const LayerOpSpec* find_layer_op(const std::string& name);
 
-// Reads LayerRun's options (--backend, --world, --dtype, --seed, --iters, --tolerance).
+// Reads LayerRun's options (--backend, --world, --dtype, --seed, --iters, --tolerance, --transport).
 LayerRun parse_layer_run(Args& args);
 // `tilelink run <layer op>`: parse, describe, check on the CPU, report; exit code 0 only if every
 // check passes.

@@ -131,7 +131,7 @@ int report_cpu_outcome(const CpuOutcome& o, double tolerance, int calls) {
   std::printf("  %-8s rel. error vs float64 (max over ranks and calls) %.3e   time median %.3f ms\n", "unfused",
               o.err_unfused, o.t_unfused);
   std::printf("  fused == unfused bit for bit: %s\n",
-              o.identical ? "yes" : o.identical_required ? "NO" : "no (not required: the fused call sums in another order)");
+              o.identical ? "yes" : o.identical_required ? "NO" : "no (not required: the two paths sum in different orders)");
   std::printf("%s (tolerance %.1e, %d calls)\n", ok ? "check passed" : "CHECK FAILED", tolerance, calls);
   return ok ? 0 : 1;
 }

@@ -136,6 +136,22 @@ TL_HD void allgather_announce_own(Exec& x, const AllGatherPlan& p, uint64_t epoc
   }
 }
 
+// This rank's own rows in one move, each own tile announced (no barrier: the caller's).
+TL_HD_TEMPLATE
+template <class Exec>
+TL_HD void allgather_own_rows(Exec& x, const AllGatherPlan& p, uint64_t epoch, const void* a) {
+  const RowRange own = p.own_rows();
+  if (own.size() > 0) x.pull(p.rank, p.rows_copy(a, own.begin, x.local(p.f.gathered), own));
+  allgather_announce_own(x, p, epoch);
+}
+
+// The items of `part` (no barrier): every item, or those past the own ones.
+TL_HD_TEMPLATE
+template <class Exec>
+TL_HD void allgather_items(Exec& x, const AllGatherPlan& p, uint64_t epoch, const void* a, bool remote_only) {
+  for (int i = remote_only ? p.own_count() : 0; i < p.count(); ++i) allgather_item(x, p, i, epoch, a);
+}
+
 // One rank's whole program in sequence (the copy engine, a single CPU worker), in parts, so an op can
 // put the own rows before its consumer starts and the rest beside it.
 enum class AllGatherPart : uint8_t {
@@ -151,13 +167,8 @@ template <class Exec>
 TL_HD void allgather_rank_program(Exec& x, const AllGatherPlan& p, Field<Signal> barrier, uint64_t epoch,
                                   const void* a, AllGatherPart part) {
   if (part != AllGatherPart::kRemote) x.barrier(barrier, epoch);
-  if (part == AllGatherPart::kOwn) {
-    const RowRange own = p.own_rows();
-    x.pull(p.rank, p.rows_copy(a, own.begin, x.local(p.f.gathered), own));
-    allgather_announce_own(x, p, epoch);
-    return;
-  }
-  for (int i = part == AllGatherPart::kAll ? 0 : p.own_count(); i < p.count(); ++i) allgather_item(x, p, i, epoch, a);
+  if (part == AllGatherPart::kOwn) return allgather_own_rows(x, p, epoch, a);
+  allgather_items(x, p, epoch, a, part != AllGatherPart::kAll);
 }
 
 }  // namespace tilelink

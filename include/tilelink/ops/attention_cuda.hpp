@@ -12,14 +12,19 @@
 //                    last query position is never needed and never moved.
 //   compute program  per batch entry and query run (a contiguous shard is one run; a zigzag shard
 //                    under the mask two, each chunk seeing the keys up to its own end), the engine
-//                    on the rank's second stream, persistent on the rank's SMs less the copies'
-//                    (on one GPU a copy is a driver kernel on the SMs); its queries at their
-//                    positions, its key/value walk from its own last position down (its own rows,
-//                    ready first); the load thread waits, per key/value tile, for the K and V comm
-//                    tiles covering its rows (bounded, SignalField::kTileReady), each once a block.
-//   baseline         copy-engine AllGather of K and V (barrier, every rank's pieces into every
-//                    rank, barrier), then the engine on every SM of the rank, a block an item, the
-//                    same runs and walks: the same bits as the fused call.
+//                    on the rank's second stream; its queries at their positions, its key/value
+//                    walk from its own last position down (its own rows, ready first); the load
+//                    thread waits, per key/value tile, for the K and V comm tiles covering its rows
+//                    (bounded, SignalField::kTileReady), each once a block. Ranks sharing a GPU
+//                    (virtual): persistent on the rank's SMs less the copies' (there a copy is a
+//                    driver kernel on the SMs). A GPU per rank (peer, ipc): a block an item on every
+//                    SM, the peers' pieces coming by the copy engines, the own pieces moved and
+//                    announced before the engine starts (a copy inside one GPU may take SMs).
+//   baseline         AllGather of K and V, then the engine on every SM of the rank, a block an
+//                    item, the same runs and walks: the same bits as the fused call. The AllGather
+//                    is NCCL's on a GPU per rank (one a batch entry and tensor for contiguous
+//                    shards, a broadcast a chunk for zigzag ones: they land at their positions),
+//                    else the copy engine's (barrier, every rank's pieces into every rank, barrier).
 //
 //   cuda::World world({.transport = cuda::Transport::kVirtual, .world_size = 4});
 //   cuda::SpAttn op(world, shape, SeqSharding::make(SeqShard::kContiguous, S, 4, segments), DType::kBF16);
@@ -83,7 +88,9 @@ class SpAttn {
   // The engine on rank r for every batch entry, on the current stream of the rank's lane: hooked
   // (waits for this call's epoch) or plain.
   void enqueue_attention(int r, const void* q, void* o, float* lse, bool hooked, cudaStream_t stream);
-  void enqueue_comm(int r, const void* k, const void* v);
+  // Rank r's comm program: the entry barrier and its own pieces (kOwn), the peers' (kPeers), or both.
+  enum class Pieces : uint8_t { kAll, kOwn, kPeers };
+  void enqueue_comm(int r, const void* k, const void* v, Pieces which = Pieces::kAll);
 
   // The engine's SMs in a fused call on rank r (the rest are left to the copies).
   int attention_sms(int rank) const;

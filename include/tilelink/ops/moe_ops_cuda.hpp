@@ -7,7 +7,9 @@
 //   comm program     per rank on the rank's stream: the entry barrier, then the AllGathers' pull
 //                    programs (comm/allgather.hpp), the routing ids first, then X, then the weights
 //                    (layer 1's); a comm tile is a rank's whole segment (one copy-engine move and one
-//                    announcement a rank and tensor)
+//                    announcement a rank and tensor). On a GPU per rank (peer, ipc) the barrier and
+//                    the own rows of each go before the fork: the GEMM then holds every SM, and a
+//                    copy inside one GPU may need SMs.
 //   compute program  on the rank's second stream: a stream wait for every ids tile, the routing
 //                    kernel over the gathered ids (the same tables on every rank), the arrival
 //                    order of the grouped tile rows (the rank's own tokens first, then as the pull
@@ -145,7 +147,7 @@ class MoeAgGemm {
               bool expert_loop_gemm = false);
   // The fused call's programs on rank r: the AllGathers (rank's stream), the routing and the
   // grouped GEMM (the GEMM stream).
-  void enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights);
+  void enqueue_comm(int r, const void* x, const int32_t* ids, const float* weights, AllGatherPart part);
   void enqueue_compute(int r, const void* w1, void* out);
 
   World& world_;
