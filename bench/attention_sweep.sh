@@ -20,6 +20,7 @@ if [ -z "$QUICK" ]; then
   step sdpa 150 env LD_LIBRARY_PATH="$py_ld" python3 bench/torch_sdpa.py --ours "$LOG/ours.tsv"
   step sp_contiguous 240 "$BIN/tilelink" bench sp_attn --world 1,2,4,8 --reps 3
   step sp_zigzag 180 "$BIN/tilelink" bench sp_attn --world 2,4,8 --reps 3 --shard zigzag --causal yes
+  step sp_long 420 "$BIN/tilelink" bench sp_attn --world 1,2,4,8 --reps 2 --warmup 1 --shapes 1x131072x32x8x128,2x131072x32x32x128
   step ring 300 "$BIN/tilelink" bench ring_attn --world 2,4,8 --reps 2
 else
   step sp_contiguous 120 "$BIN/tilelink" bench sp_attn --world 2,8 --reps 2 --shapes 1x8192x32x8x128

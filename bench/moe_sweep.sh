@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MoE sweep on one GPU, in one go: the MoE GPU tests (one GPU and over virtual ranks), `tilelink
-# run moe_*` on the CUDA backend at worlds 1 to 4 against float64, and `tilelink bench moe_*` over
-# virtual ranks at worlds 2, 4, 8. Every step bounded by `timeout`; outputs under $OUT (or out/moe).
+# run moe_*` on the CUDA backend at worlds 1 to 4 against float64, layer 0 and the MLP at world 1
+# with X gathered in the load path (`--fused gathered`), and `tilelink bench moe_*` over virtual
+# ranks at worlds 2, 4, 8. Every step bounded by `timeout`; outputs under $OUT (or out/moe).
 #   bash bench/moe_sweep.sh BIN_DIR [quick]
 # BIN_DIR holds tilelink, gpu_test_moe_route, gpu_test_grouped_gemm, gpu_test_moe_cuda and
 # gpu_test_moe_ops (built here or unpacked by bench/device_unpack.sh); `quick`: two models, 2048
@@ -22,6 +23,12 @@ for op in moe_ag_gemm moe_gemm_rs moe_mlp; do
     step "run_${op}_w$w" 120 "$BIN/tilelink" run "$op" --backend cuda --world "$w" --tokens 512 --hidden 512 \
       --ffn 1536 --experts 8 --topk 2 --routing skewed --iters 2
   done
+done
+# Layer 0 at world 1 with X gathered in the GEMM's load path, against the gather kernel plus the
+# contiguous GEMM (baseline (a)) in the same run: every model, both token counts.
+for op in moe_ag_gemm moe_mlp; do
+  step "bench_${op}_w1_gathered" 300 "$BIN/tilelink" bench "$op" --fused gathered --routing uniform,skewed \
+    --reps 5 --warmup 1 ${QUICK:+--models mixtral-8x7b,qwen3-30b-a3b --tokens 2048}
 done
 if [ -z "$QUICK" ]; then
   models=mixtral-8x7b,deepseek-v3,qwen3-30b-a3b

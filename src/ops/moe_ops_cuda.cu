@@ -143,22 +143,6 @@ Agreement moe_agreement(const char* op, const RowPartition& tokens, int64_t hidd
   return a;
 }
 
-// The path both layers take on kAuto, and why.
-PathChoice moe_choice(const World& world, OpPath requested) {
-  PathChoice c;
-  if (requested != OpPath::kAuto) {
-    c.path = requested;
-    c.why = "requested";
-    return c;
-  }
-  c.path = OpPath::kUnfused;
-  c.why = world.size() == 1 ? "one GPU: the gather kernel and the grouped GEMM measured faster than the gathered load"
-          : world.transport() == Transport::kVirtual
-              ? "ranks share one GPU: the copies run on its SMs beside the GEMM"
-              : "the fused path has not been measured over separate GPUs";
-  return c;
-}
-
 }  // namespace
 
 // ---- layer 0 ----------------------------------------------------------------------------------
@@ -384,7 +368,10 @@ void MoeAgGemm::unfused(const std::vector<const void*>& x, const std::vector<con
   });
 }
 
-PathChoice MoeAgGemm::choose(OpPath requested) const { return moe_choice(world_, requested); }
+PathChoice MoeAgGemm::choose(OpPath requested) const {
+  return rt_->choose(requested, gemm_sms(rt_->first_rank()),
+                     [&](int r, const MachineModel& m) { return choose_path(plans_[r], m, requested); });
+}
 
 void MoeAgGemm::run_auto(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                          const std::vector<const float*>& weights, const std::vector<const void*>& w1,
@@ -637,7 +624,10 @@ void MoeGemmRs::run_comm_only(const std::vector<void*>& c) {
   }
 }
 
-PathChoice MoeGemmRs::choose(OpPath requested) const { return moe_choice(world_, requested); }
+PathChoice MoeGemmRs::choose(OpPath requested) const {
+  return rt_->choose(requested, gemm_sms(rt_->first_rank()),
+                     [&](int r, const MachineModel& m) { return choose_path(plans_[r], m, requested); });
+}
 
 void MoeGemmRs::run_auto(const std::vector<const void*>& h1, const std::vector<const int32_t*>& ids,
                          const std::vector<const float*>& weights, const std::vector<const void*>& w2,
@@ -725,7 +715,15 @@ void MoeMlp::run_expert_loop(const std::vector<const void*>& x, const std::vecto
   call(x, ids, weights, w1, w2, out, false, true);
 }
 
-PathChoice MoeMlp::choose(OpPath requested) const { return moe_choice(world_, requested); }
+PathChoice MoeMlp::choose(OpPath requested) const {
+  // one path for both layers: their predictions added, each on its GEMM's SMs
+  const int r0 = world_.local_ranks().front();
+  const MachineModel m0 = detail::machine_model(world_, r0, layer0_.gemm_sms(r0));
+  const MachineModel m1 = detail::machine_model(world_, r0, layer1_.gemm_sms(r0));
+  return agreed_choice(world_.size(), r0, requested, [&](int r) {
+    return moe_mlp_choice(layer0_.plan(r), m0, layer1_.plan(r), m1, requested);
+  });
+}
 
 void MoeMlp::run_auto(const std::vector<const void*>& x, const std::vector<const int32_t*>& ids,
                       const std::vector<const float*>& weights, const std::vector<const void*>& w1,

@@ -198,6 +198,129 @@ PathChoice choose_path(const SpAttnPlan& p, const MachineModel& m, OpPath reques
   return choose_path(attention_rank_flops(p), sp_attn_comm_bytes(p), a, requested, 2 * p.shape.batch * pieces);
 }
 
+// ---- MoE ----------------------------------------------------------------------------------------
+
+double moe_ag_gemm_comm_bytes(const MoeAgGemmPlan& p) {
+  const int64_t peers_tokens = p.tokens() - p.x.own_rows().size();
+  return static_cast<double>(peers_tokens) * static_cast<double>(p.x.row_bytes + p.ids.row_bytes + p.weights.row_bytes);
+}
+
+double moe_gemm_rs_comm_bytes(const MoeGemmRsPlan& p) {
+  // the partial's rows of every other rank's segment, out (a ReduceScatter moves as much in)
+  const int64_t others = p.tokens() - p.rs.rows.size(p.rank);
+  return static_cast<double>(others) * static_cast<double>(p.hidden) * dtype_size(p.dtype);
+}
+
+namespace {
+
+PathChoice forced_or_shared(const MachineModel& m, OpPath requested, int world_size, bool* decided) {
+  PathChoice c;
+  *decided = true;
+  if (requested != OpPath::kAuto) {
+    c.path = requested;
+    c.why = std::string("forced by the caller (") + op_path_name(requested) + ")";
+  } else if (m.ranks_share_gpu && world_size > 1) {
+    c.path = OpPath::kUnfused;
+    c.why = "ranks share one GPU: the copies run on its SMs and HBM beside the GEMM (measured slower fused)";
+  } else {
+    *decided = false;
+  }
+  return c;
+}
+
+struct MoeCost {
+  double fused_us = 0, unfused_us = 0;
+  std::string parts;
+};
+
+void check_moe_model(const MachineModel& m) {
+  TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
+             "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms (" << m.sms << ")");
+  TL_REQUIRE(m.gemm_tflops > 0 && m.link_gbps > 0 && m.hbm_pass_gbps > 0 && m.moe_gathered_rate > 0 &&
+                 m.moe_grouped_share > 0,
+             "path model: rates must be positive");
+}
+
+MoeCost moe_layer0_cost(const MoeAgGemmPlan& p, const MachineModel& m) {
+  check_moe_model(m);
+  const double rows = static_cast<double>(p.rows()), h = static_cast<double>(p.hidden);
+  const double rate = m.gemm_tflops * m.moe_grouped_share * 1e12;
+  const double t_gemm = 2 * rows * static_cast<double>(p.ffn) * h / rate * 1e6;
+  const double t_gather =
+      (rows + static_cast<double>(p.tokens())) * h * dtype_size(p.dtype) / (m.hbm_pass_gbps * 1e9) * 1e6;
+  const double t_comm = moe_ag_gemm_comm_bytes(p) / (m.link_gbps * 1e9) * 1e6;
+  const int tiles = 3 * (p.world_size - 1);
+  MoeCost c;
+  c.unfused_us = t_comm + t_gather + t_gemm;
+  c.fused_us = std::max(t_gemm * m.sms / m.gemm_sms / m.moe_gathered_rate, t_comm + tiles * m.comm_tile_us) +
+               (p.world_size > 1 ? m.fused_overhead_us : 0.0);
+  std::ostringstream os;
+  os << "layer 0: gemm " << t_gemm << " us on all SMs, gather pass " << t_gather << " us, comm " << t_comm
+     << " us, gathered load at " << m.moe_gathered_rate << " of the contiguous";
+  c.parts = os.str();
+  return c;
+}
+
+MoeCost moe_layer1_cost(const MoeGemmRsPlan& p, const MachineModel& m) {
+  check_moe_model(m);
+  const double rows = static_cast<double>(p.rows()), h = static_cast<double>(p.hidden);
+  const double eb = dtype_size(p.dtype);
+  const double t_gemm = 2 * rows * h * static_cast<double>(p.ffn) / (m.gemm_tflops * m.moe_grouped_share * 1e12) * 1e6;
+  const double t_reduce = (rows + static_cast<double>(p.tokens())) * h * eb / (m.hbm_pass_gbps * 1e9) * 1e6;
+  const double t_comm = moe_gemm_rs_comm_bytes(p) / (m.link_gbps * 1e9) * 1e6;
+  MoeCost c;
+  c.unfused_us = t_gemm + t_reduce + t_comm;
+  c.fused_us = p.world_size == 1 ? c.unfused_us
+                                 : std::max(t_gemm * m.sms / m.gemm_sms + t_reduce,
+                                            t_comm + (p.world_size - 1) * m.comm_tile_us) +
+                                       m.fused_overhead_us;
+  std::ostringstream os;
+  os << "layer 1: gemm " << t_gemm << " us on all SMs, top-k reduce " << t_reduce << " us, comm " << t_comm << " us";
+  c.parts = os.str();
+  return c;
+}
+
+PathChoice moe_choice_of(const MoeCost& c, const MachineModel& m) {
+  PathChoice out;
+  out.fused_us = c.fused_us, out.unfused_us = c.unfused_us;
+  out.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
+  std::ostringstream os;
+  os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (" << c.parts << ")";
+  out.why = os.str();
+  return out;
+}
+
+}  // namespace
+
+PathChoice choose_path(const MoeAgGemmPlan& p, const MachineModel& m, OpPath requested) {
+  bool decided = false;
+  if (PathChoice c = forced_or_shared(m, requested, p.world_size, &decided); decided) return c;
+  return moe_choice_of(moe_layer0_cost(p, m), m);
+}
+
+PathChoice choose_path(const MoeGemmRsPlan& p, const MachineModel& m, OpPath requested) {
+  bool decided = false;
+  if (PathChoice c = forced_or_shared(m, requested, p.world_size, &decided); decided) return c;
+  if (p.world_size == 1) {
+    PathChoice c;
+    c.path = OpPath::kFused;
+    c.why = "one rank: both paths are the same kernels";
+    return c;
+  }
+  return moe_choice_of(moe_layer1_cost(p, m), m);
+}
+
+PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const MoeGemmRsPlan& l1,
+                          const MachineModel& m1, OpPath requested) {
+  bool decided = false;
+  if (PathChoice c = forced_or_shared(m0, requested, l0.world_size, &decided); decided) return c;
+  const MoeCost a = moe_layer0_cost(l0, m0), b = moe_layer1_cost(l1, m1);
+  MoeCost both;
+  both.fused_us = a.fused_us + b.fused_us, both.unfused_us = a.unfused_us + b.unfused_us;
+  both.parts = a.parts + "; " + b.parts;
+  return moe_choice_of(both, m0);
+}
+
 PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested) {
   if (PathChoice c; single_rank(p.world_size, requested, &c)) return c;
   MachineModel a = m;

@@ -461,5 +461,92 @@ TEST(AttnPathModel, SharedGpuUnfusedOneRankFusedElsePredicted) {
   EXPECT_EQ(choose_path(first, m, OpPath::kAuto).path, OpPath::kUnfused);
 }
 
+// ---- MoE ----------------------------------------------------------------------------------------
+
+MoeAgGemmPlan moe_l0(int rank, int world, int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk) {
+  return MoeAgGemmPlan::make(rank, RowPartition::even(tokens, world), hidden, ffn / world, experts, topk,
+                             DType::kBF16, {});
+}
+MoeGemmRsPlan moe_l1(int rank, int world, int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk) {
+  return MoeGemmRsPlan::make(rank, RowPartition::even(tokens, world), hidden, ffn / world, experts, topk,
+                             DType::kBF16, {});
+}
+
+TEST(MoePathModel, BytesAreThePeersTokensAndTheOtherSegments) {
+  const MoeAgGemmPlan l0 = moe_l0(1, 4, 1000, 256, 512, 8, 2);
+  // 750 peers' tokens: H bf16, topk int32 ids and fp32 weights each
+  EXPECT_DOUBLE_EQ(moe_ag_gemm_comm_bytes(l0), 750.0 * (256 * 2 + 2 * 4 + 2 * 4));
+  const MoeGemmRsPlan l1 = moe_l1(1, 4, 1000, 256, 512, 8, 2);
+  EXPECT_DOUBLE_EQ(moe_gemm_rs_comm_bytes(l1), 750.0 * 256 * 2);
+  EXPECT_EQ(moe_ag_gemm_comm_bytes(moe_l0(0, 1, 1000, 256, 512, 8, 2)), 0.0);
+}
+
+TEST(MoePathModel, ForcedKeptSharedGpuUnfused) {
+  MachineModel m = links(132, 0);
+  MachineModel shared = m;
+  shared.ranks_share_gpu = true;
+  const MoeAgGemmPlan l0 = moe_l0(0, 2, 4096, 4096, 14336, 8, 2);
+  const MoeGemmRsPlan l1 = moe_l1(0, 2, 4096, 4096, 14336, 8, 2);
+  for (OpPath forced : {OpPath::kFused, OpPath::kUnfused}) {
+    EXPECT_EQ(choose_path(l0, shared, forced).path, forced);
+    EXPECT_EQ(choose_path(l1, m, forced).path, forced);
+    EXPECT_EQ(moe_mlp_choice(l0, shared, l1, shared, forced).path, forced);
+  }
+  const PathChoice c = choose_path(l0, shared, OpPath::kAuto);
+  EXPECT_EQ(c.path, OpPath::kUnfused);
+  EXPECT_NE(c.why.find("share one GPU"), std::string::npos) << c.why;
+  EXPECT_EQ(choose_path(l1, shared, OpPath::kAuto).path, OpPath::kUnfused);
+  EXPECT_EQ(moe_mlp_choice(l0, shared, l1, shared, OpPath::kAuto).path, OpPath::kUnfused);
+  // One rank on a shared model is still one GPU of its own: layer 1's two paths are the same kernels.
+  EXPECT_EQ(choose_path(moe_l1(0, 1, 4096, 4096, 14336, 8, 2), shared, OpPath::kAuto).path, OpPath::kFused);
+}
+
+// World 1: layer 0's fused GEMM reads X by index at moe_gathered_rate of the contiguous one, the
+// unfused path pays the gather pass: long-K few-expert layers stay unfused, and a faster gathered
+// load turns the layers whose gather is a large share (short K, many pairs) fused.
+TEST(MoePathModel, WorldOneWeighsTheGatheredLoadAgainstTheGatherPass) {
+  MachineModel m = links(132, 0);
+  const MoeAgGemmPlan mixtral = moe_l0(0, 1, 2048, 4096, 14336, 8, 2);
+  const MoeAgGemmPlan qwen3 = moe_l0(0, 1, 2048, 2048, 768, 128, 8);
+  const PathChoice a = choose_path(mixtral, m, OpPath::kAuto);
+  EXPECT_EQ(a.path, OpPath::kUnfused) << a.why;
+  EXPECT_NEAR(a.fused_us * m.moe_gathered_rate, a.unfused_us, 0.05 * a.unfused_us) << a.why;  // a small gather
+  m.moe_gathered_rate = 1.0;
+  const PathChoice b = choose_path(qwen3, m, OpPath::kAuto);
+  EXPECT_EQ(b.path, OpPath::kFused) << b.why;
+  EXPECT_GT(b.unfused_us, b.fused_us) << b.why;
+  const PathChoice c = choose_path(mixtral, m, OpPath::kAuto);
+  EXPECT_EQ(c.path, OpPath::kUnfused) << c.why;  // ~1-2% to gain: inside the margin
+}
+
+// Separate GPUs: fused where the communication is a real share of the layer and the fused GEMM's
+// slowdown does not eat it; the prediction follows the formula (fused = max(GEMM, comm) + overhead).
+TEST(MoePathModel, SeparateGpusFollowThePrediction) {
+  MachineModel m = links(132, 0);
+  m.moe_gathered_rate = 1.0;
+  // little compute, many tokens to move: the comm dominates both paths
+  const MoeAgGemmPlan moving = moe_l0(1, 8, 65536, 4096, 1024, 64, 1);
+  const PathChoice c = choose_path(moving, m, OpPath::kAuto);
+  const double t_comm = moe_ag_gemm_comm_bytes(moving) / (m.link_gbps * 1e9) * 1e6;
+  EXPECT_GE(c.fused_us, t_comm + m.fused_overhead_us) << c.why;
+  EXPECT_GE(c.unfused_us, t_comm) << c.why;
+  EXPECT_EQ(c.path, c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused) << c.why;
+  // a big GEMM with a comm of the same order: hiding the comm wins
+  const MoeAgGemmPlan big = moe_l0(0, 2, 16384, 8192, 8192, 8, 2);
+  const PathChoice d = choose_path(big, m, OpPath::kAuto);
+  EXPECT_EQ(d.path, OpPath::kFused) << d.why;
+  const MoeGemmRsPlan big1 = moe_l1(0, 2, 16384, 8192, 8192, 8, 2);
+  const PathChoice e = choose_path(big1, m, OpPath::kAuto);
+  EXPECT_EQ(e.path, OpPath::kFused) << e.why;
+  // the MLP adds its layers' predictions
+  const PathChoice both = moe_mlp_choice(big, m, big1, m, OpPath::kAuto);
+  EXPECT_NEAR(both.fused_us, d.fused_us + e.fused_us, 1e-6 * both.fused_us);
+  EXPECT_NEAR(both.unfused_us, d.unfused_us + e.unfused_us, 1e-6 * both.unfused_us);
+  // a model with no SMs left for the GEMM is refused
+  MachineModel bad = m;
+  bad.gemm_sms = 0;
+  EXPECT_THROW(choose_path(big, bad, OpPath::kAuto), Error);
+}
+
 }  // namespace
 }  // namespace tilelink

@@ -15,7 +15,9 @@
 // SMs and memory: measured slower fused at every shape (bench/notes/fused_ops_cuda.md), so unfused.
 // The attention ops (sp_attn, ring_attn) take the same form with the attention engine's rate.
 // With one rank the plan overloads take the fused path: it is the bare engine (nothing to overlap,
-// nothing to pay), while the baseline still runs a one-rank collective.
+// nothing to pay), while the baseline still runs a one-rank collective. The MoE layers are costed
+// on their own terms (choose_path of their plans, below): layer 0's fused GEMM reads X's rows by
+// index, slower than the contiguous GEMM, while its baseline pays a gather pass.
 #pragma once
 
 #include <string>
@@ -23,6 +25,7 @@
 #include "tilelink/ops/ag_gemm_plan.hpp"
 #include "tilelink/ops/attention_plan.hpp"
 #include "tilelink/ops/gemm_rs_plan.hpp"
+#include "tilelink/ops/moe_plan.hpp"
 
 namespace tilelink {
 
@@ -88,6 +91,17 @@ struct MachineModel {
   // Sequence-parallel attention: the sm90 attention engine's sustained rate, bf16, head dim 128
   // (bench attention on one H200, 2026-12-04: 610-685 TFLOP/s over 12 shapes; D 64 435-450).
   double attn_tflops = 620;
+  // The MoE layers' grouped GEMM as a share of gemm_tflops: measured on one H200 (2026-12-04, 48
+  // MoE shapes) at a median 0.71 of a dense GEMM of the same FLOPs (bench/notes/moe.md).
+  double moe_grouped_share = 0.71;
+  // MoE layer 0: the grouped GEMM with X's rows gathered in its load path, as a share of the
+  // contiguous grouped GEMM's rate. Measured on one H200 (2026-12-04, the six MoE models at world
+  // 1, two warps of cp.async) against the gather kernel plus the contiguous GEMM: a median 0.841
+  // (0.63 on the long-K few-expert shapes to 1.01), gather passes of a few percent included.
+  double moe_gathered_rate = 0.8;
+  // A gather or a top-k reduce pass over HBM: bytes read and written a second. A copy kernel on one
+  // H200 moves ~3 TB/s (bench prim); kept below it for the H100's 3.35 TB/s peak.
+  double hbm_pass_gbps = 2500;
   double reduce_during_gbps = 10;
   double reduce_after_gbps = 350;
   double rs_fused_overhead_us = 0;
@@ -141,6 +155,27 @@ double ring_attn_comm_bytes(const RingAttnPlan& p);
 // ranks' pieces it moves, the ring's its steps past the first.
 PathChoice choose_path(const SpAttnPlan& p, const MachineModel& m, OpPath requested);
 PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested);
+
+// The MoE layers over ranks (ops/moe_plan.hpp), rank p.rank on a GPU of its own:
+//   layer 0  T_gemm = 2 rows F_r H / (rate * moe_grouped_share) (rows = every token's pairs);
+//            unfused = T_comm (the peers' tokens, ids and weights) + the gather pass (X read,
+//            rows x H written) + T_gemm;
+//            fused = max(T_gemm * sms / gemm_sms / moe_gathered_rate, T_comm + 3 (W - 1) tiles)
+//            + fused_overhead_us (none at world 1, where there is nothing to move).
+//   layer 1  T_gemm = 2 rows H F_r / (rate * moe_grouped_share), T_reduce = the top-k reduce pass
+//            (Y read, P written);
+//            unfused = T_gemm + T_reduce + T_comm (the partial's other segments out); fused =
+//            max(T_gemm * sms / gemm_sms + T_reduce, T_comm + (W - 1) tiles) + fused_overhead_us;
+//            at world 1 both paths are the same kernels (fused).
+// Ranks sharing a GPU take the unfused path (measured slower fused at every shape: the copies run
+// on the same SMs and HBM). moe_mlp_choice adds the two layers' predictions, each on its own
+// model (its GEMM's SMs); the MLP takes one path for both.
+double moe_ag_gemm_comm_bytes(const MoeAgGemmPlan& p);
+double moe_gemm_rs_comm_bytes(const MoeGemmRsPlan& p);
+PathChoice choose_path(const MoeAgGemmPlan& p, const MachineModel& m, OpPath requested);
+PathChoice choose_path(const MoeGemmRsPlan& p, const MachineModel& m, OpPath requested);
+PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const MoeGemmRsPlan& l1,
+                          const MachineModel& m1, OpPath requested);
 
 // The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
 // down a different path than the others (each process of an ipc world decides alone, on the same

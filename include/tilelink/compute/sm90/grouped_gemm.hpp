@@ -26,12 +26,13 @@
 //
 // Gathered A (a_row_index): the grouped rows need not be stored at all. Grouped row i then reads
 // A's row a_row_index[i] / a_row_div (an MoE layer's pair -> its token: pair / topk), A being the
-// tokens [a_rows, K]. The producer warpgroup's warps 2 and 3 load instead of the TMA warp: each
-// copies 64 of a tile's 128 rows with cp.async, 16 bytes a lane at a time, into the places the
+// tokens [a_rows, K]. The producer warpgroup's four warps load instead of the TMA warp alone: each
+// copies 32 of a tile's 128 rows with cp.async, 16 bytes a lane at a time, into the places the
 // 128-row TMA box would have put them (the 128-byte swizzle), and one lane loads B with TMA. Rows of
 // a tile past its group's end read the group's last row again. No pass over the tokens writes them
-// in grouped order first. (A TMA box a row, 128 boxes a stage from one warp, ran 4-6x slower than
-// the contiguous load: bench/notes/moe.md.)
+// in grouped order first. A gathered launch takes no notify hook (its store warp loads). (A TMA box
+// a row, 128 boxes a stage from one warp, ran 4-6x slower than the contiguous load; two warps of
+// cp.async 0.84 of the gather kernel plus the contiguous GEMM: bench/notes/moe.md.)
 //
 // Hooks (as gemm.hpp's): TileWork.group is the group, TileWork.tile its tile in the group's own grid,
 // TileWork.region the rows of the stacked C it covers. No split of the last wave.

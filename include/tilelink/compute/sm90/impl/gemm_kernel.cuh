@@ -517,22 +517,28 @@ TL_DEVICE void load_short_a(const P& p, typename Cfg::MainloopPipeline& pipeline
                         p.a_short_rows, tile.n, 0, k_begin, k_count, tensors);
 }
 
-// The grouped mode's loads where A is gathered (grouped_gemm.hpp), run by the producer warpgroup's
-// warps 2 and 3 (`half` 0 and 1; warp 0 then loads nothing). Per tile, warp `half` writes the A
-// rows of the tile's rows [64 half, 64 half + 64) (grouped rows at or past group_end: the group's
-// last row) into its part of `rows`; per k-block, each lane copies 16 of the 16-byte chunks of its
-// warp's rows with cp.async into the places the 128-byte swizzle of A's stage gives them (chunk c
-// of tile row r at r * 128 + (c ^ (r % 8)) * 16: the layout TMA's box would have written), then
-// makes the stage's full barrier track them (cp.async.mbarrier.arrive: its pending count rises now
-// and falls as they land). After both warps have done so (a named barrier), lane 0 of warp 2 arms
-// the stage with B's bytes and loads B with TMA. Arming last keeps the stage from completing before
-// every chunk was counted.
-inline constexpr uint32_t kGatherBarrier = 0;  // a user named barrier (CUTLASS adds its reserved ids)
+// The grouped mode's loads where A is gathered (grouped_gemm.hpp), run by all four warps of the
+// producer warpgroup (the TMA warp loads nothing else then; the store warp has no tiles to take: a
+// gathered launch takes no notify hook). Per tile, warp w writes the A rows of the tile's rows
+// [32 w, 32 w + 32) (grouped rows at or past group_end: the group's last row) into its part of
+// `rows`; per k-block, each lane copies 8 of the 16-byte chunks of its warp's rows with cp.async
+// into the places the 128-byte swizzle of A's stage gives them (chunk c of tile row r at r * 128 +
+// (c ^ (r % 8)) * 16: the layout TMA's box would have written), then arrives on the stage's full
+// barrier once they have landed (cp.async.mbarrier.arrive.noinc: the barrier expects one such
+// arrival from each of the 128 threads besides the leader's, kGatherArrivals), and lane 0 of warp
+// 0 arms the stage with B's bytes and loads B with TMA. The stage completes when all of them have
+// arrived and B's bytes have landed, in whatever order: no warp waits for another (each only for
+// the stage to be free). NOTE: two warps of 16 copies a lane a stage (warps 2 and 3 alone, a
+// named barrier a stage before the arm) left the MMAs waiting: a producer of 40 registers issued
+// about one instruction every 20 cycles (bench/notes/moe.md).
+inline constexpr int kGatherWarps = 4;         // the producer warpgroup's
+// A gathered stage's full-barrier arrivals: the leader's arm, and each copying thread's.
+inline constexpr uint32_t kGatherArrivals = 1 + kGatherWarps * 32;
 
 template <class Cfg, class P, class Inputs>
 TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipeline,
                                typename Cfg::PipelineState write_state, const Inputs& load_inputs,
-                               int half, int* rows, int64_t a_row, int64_t group_end, int tile_n,
+                               int warp, int* rows, int64_t a_row, int64_t group_end, int tile_n,
                                int l, int k_count, typename Cfg::Mainloop::TensorStorage& tensors) {
   using namespace cute;
   using Mainloop = typename Cfg::Mainloop;
@@ -540,13 +546,14 @@ TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipel
   constexpr int kStageElems = kTileM * kTileK;
   constexpr int kChunks = kTileK * int(sizeof(ElementIn)) / 16;  // 16-byte chunks of a row: 8
   constexpr int kRowsPerStep = 32 / kChunks;                      // rows a warp copies at once: 4
-  constexpr int kSteps = (kTileM / 2) / kRowsPerStep;             // 16
+  constexpr int kRowsPerWarp = kTileM / kGatherWarps;             // 32
+  constexpr int kSteps = kRowsPerWarp / kRowsPerStep;             // 8
   static_assert(kChunks == 8, "a k-block row is one 128-byte swizzle row");
   static_assert(Cfg::kTileRows == kTileM, "the grouped mode's tiles are 128 rows");
   const int lane = cutlass::canonical_lane_idx();
-  int* mine = rows + half * (kTileM / 2);
-  for (int i = lane; i < kTileM / 2; i += 32) {
-    const int64_t row = min(a_row + half * (kTileM / 2) + i, group_end - 1);
+  int* mine = rows + warp * kRowsPerWarp;
+  for (int i = lane; i < kRowsPerWarp; i += 32) {
+    const int64_t row = min(a_row + warp * kRowsPerWarp + i, group_end - 1);
     mine[i] = static_cast<int>(__ldg(&p.a_row_index[row]) / p.a_row_div);
   }
   __syncwarp();
@@ -556,7 +563,7 @@ TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipel
   // B's bytes: the stage's TMA bytes less A's box, which the cp.async copies replace
   const uint32_t b_bytes = p.mainloop.tma_transaction_bytes -
                            static_cast<uint32_t>(kTileM * kTileK * sizeof(ElementIn));
-  const bool leader = half == 0 && lane == 0;
+  const bool leader = warp == 0 && lane == 0;
   auto block_tma_b = p.mainloop.tma_load_b.get_slice(0);
   Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
   Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, tile_n, _, l));  // (TMA,N,K,k)
@@ -574,16 +581,15 @@ TL_DEVICE void load_gathered_a(const P& p, typename Cfg::MainloopPipeline& pipel
     const uint8_t* src = a + (src_bytes ? int64_t{col} * int64_t(sizeof(ElementIn)) : 0);
     CUTE_UNROLL
     for (int step = 0; step < kSteps; ++step) {
-      const int i = r0 + step * kRowsPerStep, r = half * (kTileM / 2) + i;
+      const int i = r0 + step * kRowsPerStep, r = warp * kRowsPerWarp + i;
       const uint32_t dst = stage_base + r * 128 + ((chunk ^ (r & 7)) << 4);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
                    "l"(src + int64_t{mine[i]} * ld_bytes), "r"(src_bytes)
                    : "memory");
     }
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
                      static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
                  : "memory");
-    cutlass::arch::NamedBarrier::sync(64, kGatherBarrier);
     if (leader) {
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
                        static_cast<uint32_t>(__cvta_generic_to_shared(bar))),
@@ -652,13 +658,17 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     }
   }
 
+  // The grouped mode's gathered A (load_gathered_a): the producer warpgroup's four warps load, and
+  // none is the pipeline's leader (its acquire would arm the stage with A's box too: lane 0 of warp
+  // 0 arms it with B's bytes alone, once the copies are counted). Never with a store warp (refused).
+  constexpr bool kStoreWarp = Hooks::kNotifies || Cfg::kTmaStore;
+  bool gathered = false;
+  if constexpr (kGrouped && !kStoreWarp) gathered = p.a_row_index != nullptr;
   typename MainloopPipeline::Params pipe_params;
-  if (is_producer_group && warp_in_group == 0) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
-  if constexpr (kGrouped) {  // the gathered A's load warps (load_gathered_a)
-    if (is_producer_group && warp_in_group >= 2) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
-  }
+  if (is_producer_group && (warp_in_group == 0 || gathered)) pipe_params.role = MainloopPipeline::ThreadCategory::Producer;
   if (!is_producer_group) pipe_params.role = MainloopPipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = (thread_idx % 128) == 0;
+  pipe_params.is_leader = (thread_idx % 128) == 0 && !gathered;
+  if (gathered) pipe_params.num_producers = kGatherArrivals;
   pipe_params.num_consumers = Cfg::kNumMmaThreads;
   pipe_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
   MainloopPipeline pipeline(shared.pipeline, pipe_params, typename Cfg::ClusterShape{});  // inits in warp 0
@@ -667,7 +677,6 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
 
   // The store warp (warp 1) takes the consumers' stored tiles: it runs the notify hook, and on the
   // TMA store path it first copies the tile from shared memory to C.
-  constexpr bool kStoreWarp = Hooks::kNotifies || Cfg::kTmaStore;
   const bool handoff = kStoreWarp && (Hooks::kNotifies || p.tma_store);  // consumers hand tiles over
   if constexpr (kStoreWarp) {
     if (warp_idx == 1 && cute::elect_one_sync()) {
@@ -712,29 +721,29 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
 
     // ---- load warp: wait hook, then TMA loads of the tile's k-blocks -------------------------
-    bool gathered = false;  // the grouped mode's gathered A: warps 2 and 3 load instead of warp 0
-    if constexpr (kGrouped) gathered = p.a_row_index != nullptr;
-    if constexpr (kGrouped) {
-      if (gathered && warp_in_group >= 2) {
+    // (the grouped mode's gathered A: the warpgroup's four warps load instead of warp 0)
+    if constexpr (kGrouped && !kStoreWarp) {
+      if (gathered) {
         auto load_inputs = mainloop.load_init(problem_mnkl, p.mainloop);
         HooksInWarp<Hooks> hooks = p.hooks;
         PipelineState write_state = cutlass::make_producer_start_state<MainloopPipeline>();
         for (int j = 0; j < sched.units(); ++j) {
           const WorkUnit unit = sched.unit(j);
           if constexpr (Hooks::kWaits) {
-            hooks.before_tile_loads(sched.work(unit, false));  // both warps: each reads the rows
+            hooks.before_tile_loads(sched.work(unit, false));  // every warp: each reads the rows
             __syncwarp();
             fence_proxy_async_global();  // B's TMA reads through the async proxy
           }
           const int64_t a_row = p.groups.rows.begin(unit.group) + int64_t{unit.tile.m} * kTileM;
-          load_gathered_a<Cfg>(p, pipeline, write_state, load_inputs, warp_in_group - 2,
+          load_gathered_a<Cfg>(p, pipeline, write_state, load_inputs, warp_in_group,
                                shared.gather_rows, a_row, p.groups.rows.end(unit.group),
                                unit.tile.n, unit.group, unit.k_count, shared.tensors);
           write_state.advance(unit.k_count);
-          // the next tile's rows overwrite `gather_rows` only after both warps issued this one's
-          cutlass::arch::NamedBarrier::sync(64, kGatherBarrier);
+          // a warp reads and writes only its own part of `gather_rows`: the next tile's rows
+          // overwrite it once every lane of the warp issued this one's
+          __syncwarp();
         }
-        if (warp_in_group == 2) mainloop.load_tail(pipeline, write_state);
+        if (warp_in_group == 0) mainloop.load_tail(pipeline, write_state);
       }
     }
     if (warp_in_group == 0 && !gathered) {
@@ -1261,6 +1270,8 @@ void launch_gemm(const GemmArgs& args, const Hooks& hooks, cudaStream_t stream) 
 template <class ElementIn, class ElementOut, class Hooks>
 void launch_grouped_gemm(const GroupedGemmArgs& args, const Hooks& hooks, cudaStream_t stream) {
   grouped_gemm_check(args);
+  TL_REQUIRE(args.a_row_index == nullptr || !Hooks::kNotifies,
+             "sm90 grouped gemm: a gathered A (a_row_index) takes no notify hook: the store warp loads A's rows");
   TL_REQUIRE(
       args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
       "sm90 grouped gemm: this instantiation is "
