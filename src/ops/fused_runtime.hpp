@@ -90,12 +90,14 @@ class FusedRuntime {
 
   // ---- SMs ---------------------------------------------------------------------------------
   // Rank r's split (tune/sm_split.hpp) with comm_sms SMs for the comm program (0: copy engine).
+  // Ranks share a GPU on virtual ranks and where ipc processes sit on one GPU (the GPUs' UUIDs,
+  // compared once by the lanes): a copy between them may run on the SMs, which the split leaves.
   SmSplit split(int r, int compute_workers, int comm_sms) const {
     return split_sms({.sms = world_.sm_count(r),
                       .world_size = world_.size(),
                       .compute_workers = compute_workers,
                       .comm_sms = comm_sms,
-                      .ranks_share_gpu = world_.transport() == Transport::kVirtual,
+                      .ranks_share_gpu = !lanes_->gpu_per_rank(),
                       .graph_mode = epochs_->graph_mode()});
   }
 

@@ -1,9 +1,9 @@
 // tilelink bench moe_ag_gemm | moe_gemm_rs | moe_mlp: the MoE layers of cuda::MoeLayer
 // (ops/moe_cuda.hpp) on one GPU, on the layers of six models, each timed four ways on one stream:
-//   fused  moe.route + the op with --fused's path: overlap (the default, MoePath::kOverlap: layer
-//          0's gather kernel on a few SMs writes X's rows in grouped order beside the grouped
-//          GEMM, whose tiles wait for their tile rows) or gathered (MoePath::kFused: the GEMM
-//          gathers X's rows in its load path)
+//   fused  moe.route + the op with --fused's path: gathered (the default, MoePath::kFused: the
+//          GEMM gathers X's rows in its load path; what the layer ops' fused call runs at world 1)
+//          or overlap (MoePath::kOverlap: layer 0's gather kernel on a few SMs writes X's rows in
+//          grouped order beside the grouped GEMM, whose tiles wait for their tile rows)
 //   (a)    moe.route + the op with MoePath::kUnfused: the best unfused pipeline (a gather kernel
 //          writes X in grouped order, then the grouped GEMM). Layer 1 has one path: for
 //          moe_gemm_rs at world 1, (a) runs the same kernels as fused, and fus/a is their A/A.
@@ -148,7 +148,7 @@ struct CaseOptions {
   uint64_t seed;
   int reps, warmup;
   bool check;
-  MoePath fused = MoePath::kOverlap;  // --fused overlap|gathered
+  MoePath fused = MoePath::kFused;    // --fused gathered|overlap
   int gather_sms = 0;                 // --gather-sms (overlap): 0, the layer's default
   bool reduce_beside = false;         // --reduce beside|after (moe_gemm_rs over ranks)
   int completion_keys = 0;            // --completion-keys K (moe_gemm_rs over ranks): 0, the op's default
@@ -619,7 +619,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
              name << ": --dtype must be bf16 or fp16");
   const bool check_flag = args.flag("--check"), no_check = args.flag("--no-check");
   const bool csv = args.flag("--csv");
-  const std::string fused = args.get("--fused", "overlap");
+  const std::string fused = args.get("--fused", "gathered");
   o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
   const std::string reduce = args.get("--reduce", "after");
   o.completion_keys = static_cast<int>(args.get_int_in("--completion-keys", 0, 0, kMoeOrderKeys));
@@ -741,7 +741,7 @@ const char* kUsage =
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world W (1: the layer on one GPU; 2-8: ranks)] "
     "[--transport auto|virtual|peer (over ranks; auto: peer where there is a GPU a rank)] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
-    "[--fused overlap|gathered] [--gather-sms N (overlap: SMs of the gather kernel)] "
+    "[--fused gathered|overlap] [--gather-sms N (overlap: SMs of the gather kernel)] "
     "[--reduce beside|after (moe_gemm_rs over ranks: its top-k reduce beside or after the grouped GEMM)] "
     "[--completion-keys K (beside: the phases of the GEMM's walk, 1-64)]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};

@@ -12,9 +12,9 @@
 //   - copy engine, ranks on separate GPUs: nothing else needs an SM while eager (stream memory
 //     operations); captured in a graph, the signal operations become one-thread kernels that run
 //     beside the GEMM, so it leaves them kGraphSignalSms.
-//   - copy engine, ranks sharing one GPU (virtual): a same-GPU cudaMemcpy runs on SMs, and with
-//     every SM held by the GEMM it never ran (measured on the H200; bench/diag/ce_probe.cu), so the
-//     GEMM leaves kCopySpareSms.
+//   - copy engine, ranks sharing one GPU (virtual, or ipc processes on one GPU): a same-GPU
+//     cudaMemcpy runs on SMs, and with every SM held by the GEMM it never ran (measured on the
+//     H200 with virtual ranks; bench/diag/ce_probe.cu), so the GEMM leaves kCopySpareSms.
 //   - compute_workers > 0 overrides the GEMM's count; world 1 has nothing to communicate.
 #pragma once
 
@@ -30,7 +30,7 @@ struct SmPolicyInput {
   int world_size = 1;
   int compute_workers = 0;   // the GEMM's SMs asked for; 0 = the rest
   int comm_sms = 0;          // SMs the comm program holds; 0 = the copy engine
-  bool ranks_share_gpu = false;  // virtual transport: a copy-engine copy runs on SMs
+  bool ranks_share_gpu = false;  // virtual ranks, or ipc processes on one GPU: a copy may run on SMs
   bool graph_mode = false;       // the op has been captured: stream signals are one-thread kernels
 };
 
