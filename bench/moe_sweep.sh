@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The MoE sweep on one GPU, in one go: the MoE GPU tests (one GPU and over virtual ranks), `tilelink
 # run moe_*` on the CUDA backend at worlds 1 to 4 against float64, layer 0 and the MLP at world 1
-# with X gathered in the load path (`--fused gathered`), and `tilelink bench moe_*` over virtual
+# with X gathered in the load path or copied ahead (`--fused gathered|ahead`), and `tilelink bench moe_*` over virtual
 # ranks at worlds 2, 4, 8. Every step bounded by `timeout`; outputs under $OUT (or out/moe).
 #   bash bench/moe_sweep.sh BIN_DIR [quick]
 # BIN_DIR holds tilelink, gpu_test_moe_route, gpu_test_grouped_gemm, gpu_test_moe_cuda and
@@ -24,11 +24,19 @@ for op in moe_ag_gemm moe_gemm_rs moe_mlp; do
       --ffn 1536 --experts 8 --topk 2 --routing skewed --iters 2
   done
 done
-# Layer 0 at world 1 with X gathered in the GEMM's load path, against the gather kernel plus the
-# contiguous GEMM (baseline (a)) in the same run: every model, both token counts.
+# Layer 0 at world 1 with X gathered in the GEMM's load path, and with X copied ahead of the tiles
+# by the GEMM's own warps, against the gather kernel plus the contiguous GEMM (baseline (a)) in the
+# same run: every model, both token counts.
 for op in moe_ag_gemm moe_mlp; do
-  step "bench_${op}_w1_gathered" 300 "$BIN/tilelink" bench "$op" --fused gathered --routing uniform,skewed \
-    --reps 5 --warmup 1 ${QUICK:+--models mixtral-8x7b,qwen3-30b-a3b --tokens 2048}
+  for form in gathered ahead; do
+    step "bench_${op}_w1_$form" 300 "$BIN/tilelink" bench "$op" --fused "$form" --routing uniform,skewed \
+      --reps 5 --warmup 1 ${QUICK:+--models mixtral-8x7b,qwen3-30b-a3b --tokens 2048}
+  done
+done
+# kAhead's prologue: no waves (the idle producer warps copy everything), more waves, every row first
+for waves in 0 4 1000000; do
+  step "bench_moe_ag_gemm_w1_ahead_waves$waves" 200 "$BIN/tilelink" bench moe_ag_gemm --fused ahead \
+    --ahead-waves "$waves" --models qwen3-30b-a3b,deepseek-v3 --tokens 2048,8192 --routing uniform --reps 5 --warmup 1
 done
 if [ -z "$QUICK" ]; then
   models=mixtral-8x7b,deepseek-v3,qwen3-30b-a3b

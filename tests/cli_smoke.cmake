@@ -70,6 +70,8 @@ if(help_text MATCHES "bench moe_mlp")
   expect_run(1 "unknown model 'gpt-2'" bench moe_ag_gemm --models gpt-2)
   expect_run(1 "unknown routing 'zipf'" bench moe_gemm_rs --routing zipf)
   expect_run(1 "--check and --no-check both given" bench moe_mlp --check --no-check)
+  expect_run(1 "--fused must be gathered, overlap or ahead" bench moe_ag_gemm --fused bogus)
+  expect_run(1 "--ahead-waves must be in" bench moe_mlp --ahead-waves -5)
 endif()
 # The attention bench (in CUDA builds): bad arguments are refused before a GPU is looked for.
 if(help_text MATCHES "bench attention")

@@ -264,6 +264,84 @@ struct RowsReadyHooks {
   }
 };
 
+// kAhead's hooks: X's rows copied into grouped order (xs) by the grouped GEMM's own blocks, claimed
+// a row at a time from one counter in the walk's tile-row order: every warp of every block in the
+// prologue until the claims pass `prologue_rows` (the first waves' tile rows, at the gather's full
+// rate), then the producer warps the loads leave idle, beside the mainloop. Each copied row is
+// counted on its tile row's ready[t] (release); a tile's loads wait until that count is the tile
+// row's rows (lane 0 of the load warp, bounded, quiet), then A comes by TMA from xs as in the
+// unfused path: the same bits. The claims never wait, so every claimed row is copied by a running
+// warp and no block waits on a block that cannot run.
+struct GatherAheadHooks {
+  static constexpr bool kWaits = true;
+  static constexpr bool kNotifies = false;
+  const uint4* x = nullptr;  // [tokens, chunks]
+  int64_t chunks = 0;        // 16-byte chunks a row
+  const int64_t* pair_of_row = nullptr;
+  int topk = 1;
+  const int64_t* offsets = nullptr;
+  const int* first_tile_rows = nullptr;
+  int experts = 0;
+  uint4* xs = nullptr;                   // [rows, chunks], grouped order
+  unsigned long long* claims = nullptr;  // zeroed before the launch
+  uint64_t* ready = nullptr;             // [tile rows], zeroed before the launch
+  int64_t prologue_rows = 0;             // claims the prologue takes (whole tile rows of 128)
+  DeviceContext ctx;
+
+  // One warp: claim, copy, count, until the claims run out or pass `until`. In 32-bit arithmetic
+  // where it fits (rows and pairs below 2^31, MoeLayer's check; chunks a row below 2^28) and two
+  // loads in flight a lane: the side work runs at the producer's 40 registers, where 64-bit
+  // divisions and four loads in flight spilled 116-200 bytes (ptxas -v).
+  __device__ void copy_rows(int64_t until) const {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const DynamicSegmentTiling tile_rows{DynamicRowPartition{experts, offsets}, compute::sm90::kTileM,
+                                         first_tile_rows};
+    const int64_t total = int64_t{tile_rows.num_tiles()} * compute::sm90::kTileM;
+    const int n = static_cast<int>(chunks);
+    for (;;) {
+      unsigned long long claim = 0;
+      if (lane == 0) claim = atomicAdd(claims, 1ull);
+      const int64_t u = static_cast<int64_t>(__shfl_sync(0xffffffffu, claim, 0));
+      if (u >= total) return;
+      const int t = static_cast<int>(u / compute::sm90::kTileM);  // the walk's order: tile rows in turn
+      const int g = tile_rows.part_of(t);
+      const int row = static_cast<int>(offsets[g]) + (t - first_tile_rows[g]) * compute::sm90::kTileM +
+                      static_cast<int>(u % compute::sm90::kTileM);
+      if (row < offsets[g + 1]) {  // a claim past a group's last row copies nothing
+        const int token = static_cast<int>(pair_of_row[row]) / topk;
+        const uint4* src = x + static_cast<int64_t>(token) * n;
+        uint4* dst = xs + static_cast<int64_t>(row) * n;
+        for (int c = lane; c < n; c += 2 * 32) {  // two 16-byte loads in flight a lane
+          const uint4 v0 = __ldg(src + c);
+          const bool second = c + 32 < n;
+          uint4 v1;
+          if (second) v1 = __ldg(src + c + 32);
+          dst[c] = v0;
+          if (second) dst[c + 32] = v1;
+        }
+        __syncwarp();  // every lane's stores before lane 0's release
+        if (lane == 0) {
+          __threadfence();
+          atomicAdd(reinterpret_cast<unsigned long long*>(ready + t), 1ull);
+        }
+      }
+      if (u >= until) return;
+    }
+  }
+  __device__ void prologue() const { copy_rows(prologue_rows); }
+  __device__ void side_work() const { copy_rows(INT64_MAX); }
+  __device__ __forceinline__ void before_tile_loads(const compute::sm90::TileWork& w) const {
+    unsigned lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    if (lane != 0) return;
+    const int t = first_tile_rows[w.group] + w.tile.m;
+    signal_wait<Scope::kGpu, Report::kQuiet>(ctx, ready + t, t, static_cast<uint64_t>(w.region.rows),
+                                             WaitSite{SignalField::kRowsReady, t});
+  }
+};
+static_assert(compute::sm90::detail::const_callable_hooks<GatherAheadHooks>(),
+              "GatherAheadHooks must stay const-callable: a per-warp copy lives in local memory");
+
 // Loaded in every context of a world when it starts (runtime/world.hpp): a first launch of a kernel
 // never loads a module while a peer's kernel spins on what this one is to produce.
 TL_REGISTER_KERNELS(gather_rows_kernel, silu_mul_kernel<__nv_bfloat16>, silu_mul_kernel<__half>,
@@ -288,6 +366,7 @@ const char* moe_path_name(MoePath path) {
   return path == MoePath::kFused     ? "fused"
          : path == MoePath::kUnfused ? "unfused"
          : path == MoePath::kOverlap ? "overlap"
+         : path == MoePath::kAhead   ? "ahead"
                                      : "auto";
 }
 
@@ -327,7 +406,7 @@ MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int
   TL_CUDA_CHECK(cudaMemset(first_tile_rows_, 0, (experts + 1) * sizeof(int)));
   TL_CUDA_CHECK(cudaMemset(row_of_pair_, 0xff, rows * sizeof(int64_t)));  // -1: unrouted
   max_tile_rows_ = DynamicSegmentTiling::max_num_tiles(rows, experts, compute::sm90::kTileM);
-  rows_ready_ = static_cast<uint64_t*>(alloc<uint64_t>(max_tile_rows_));
+  rows_ready_ = static_cast<uint64_t*>(alloc<uint64_t>(max_tile_rows_ + 1));  // + kAhead's claim counter
   tile_row_order_ = static_cast<int*>(alloc<int>(max_tile_rows_));
   arrival_keys_ = static_cast<uint8_t*>(alloc<uint8_t>(max_tile_rows_));
   sms_ = sm_count();
@@ -462,6 +541,7 @@ void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePa
     return compute::sm90::grouped_gemm(grouped_args(x, pair_of_row_, w1, out, n, hidden_), stream);
   }
   if (path == MoePath::kOverlap) return layer0_overlap(x, w1, n, out, stream);
+  if (path == MoePath::kAhead) return layer0_ahead(x, w1, n, out, stream);
   gather(x, xs_, stream);
   compute::sm90::grouped_gemm(grouped_args(xs_, nullptr, w1, out, n, hidden_), stream);
 }
@@ -470,6 +550,11 @@ void MoeLayer::set_gather_sms(int sms) {
   TL_REQUIRE(sms >= 1 && 2 * sms <= sms_,
              "moe (cuda): the overlap path's gather takes 1 to " << sms_ / 2 << " SMs, got " << sms);
   gather_sms_ = sms;
+}
+
+void MoeLayer::set_ahead_waves(int waves) {
+  TL_REQUIRE(waves >= 0 && waves <= 1000000, "moe (cuda): kAhead's prologue waves must be in [0, 10^6], got " << waves);
+  ahead_waves_ = waves;
 }
 
 void MoeLayer::set_gemm_sms(int sms) {
@@ -501,6 +586,30 @@ void MoeLayer::layer0_overlap(const void* x, const void* w1, int64_t n, void* ou
   }
   TL_CUDA_CHECK(cudaEventRecord(join_, side_));
   TL_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
+}
+
+void MoeLayer::layer0_ahead(const void* x, const void* w1, int64_t n, void* out, cudaStream_t stream) {
+  // every call starts from cleared counts and claims: a graph replays the clear with the rest
+  TL_CUDA_CHECK(cudaMemsetAsync(rows_ready_, 0, (max_tile_rows_ + 1) * sizeof(uint64_t), stream));
+  const compute::sm90::GroupedGemmArgs g = grouped_args(xs_, nullptr, w1, out, n, hidden_);
+  // The prologue's claims: the tile rows of the first ahead_waves_ waves, in whole bands of the walk.
+  const int64_t tiles_n = (n + compute::sm90::grouped_gemm_tile_n(g) - 1) / compute::sm90::grouped_gemm_tile_n(g);
+  const int64_t blocks = gemm_sms_ > 0 ? gemm_sms_ : sms_;
+  const int64_t band = compute::sm90::kGroupedBand;
+  const int64_t prologue_tile_rows = band * ((ahead_waves_ * blocks + band * tiles_n - 1) / (band * tiles_n));
+  GatherAheadHooks hooks;
+  hooks.x = static_cast<const uint4*>(x), hooks.chunks = hidden_ / 8;
+  hooks.pair_of_row = pair_of_row_, hooks.topk = topk_;
+  hooks.offsets = offsets_, hooks.first_tile_rows = first_tile_rows_, hooks.experts = experts_;
+  hooks.xs = static_cast<uint4*>(xs_);
+  hooks.ready = rows_ready_;
+  hooks.claims = reinterpret_cast<unsigned long long*>(rows_ready_ + max_tile_rows_);
+  hooks.prologue_rows = prologue_tile_rows * compute::sm90::kTileM;
+  if (dtype_ == DType::kBF16) {
+    compute::sm90::launch_grouped_gemm<cutlass::bfloat16_t, __nv_bfloat16>(g, hooks, stream);
+  } else {
+    compute::sm90::launch_grouped_gemm<cutlass::half_t, __half>(g, hooks, stream);
+  }
 }
 
 void MoeLayer::layer1(const void* h1, const void* w2, const float* weights, void* out,

@@ -105,17 +105,23 @@ void check_case(const Case& c, Routing routing, uint64_t seed) {
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp.p, MoePath::kFused, nullptr);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_unfused.p, MoePath::kUnfused, nullptr);
   Dev mlp_auto(c.tokens * h * eb), mlp_overlap(c.tokens * h * eb), out0_overlap(rows * f * eb);
-  mlp_auto.poison(), mlp_overlap.poison(), out0_overlap.poison();
+  Dev mlp_ahead(c.tokens * h * eb), out0_ahead(rows * f * eb);
+  mlp_auto.poison(), mlp_overlap.poison(), out0_overlap.poison(), mlp_ahead.poison(), out0_ahead.poison();
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_auto.p, MoePath::kAuto, nullptr);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_overlap.p, MoePath::kOverlap, nullptr);
   moe.layer0(d_x.p, d_w1a.p, f, out0_overlap.p, MoePath::kOverlap, nullptr);
+  TL_CUDA_CHECK(cudaMemset(moe.xs(), 0xff, rows * h * eb));  // kAhead must write every row it reads
+  moe.layer0(d_x.p, d_w1a.p, f, out0_ahead.p, MoePath::kAhead, nullptr);
+  moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), mlp_ahead.p, MoePath::kAhead, nullptr);
   TL_CUDA_CHECK(cudaDeviceSynchronize());
   {
-    const auto a = mlp_auto.host(), o = mlp_overlap.host(), u = mlp_unfused.host();
+    const auto a = mlp_auto.host(), o = mlp_overlap.host(), u = mlp_unfused.host(), ah = mlp_ahead.host();
     EXPECT_EQ(0, std::memcmp(a.data(), u.data(), a.size())) << "mlp: auto != unfused";
     EXPECT_EQ(0, std::memcmp(o.data(), u.data(), o.size())) << "mlp: overlap != unfused";
-    const auto o0 = out0_overlap.host(), u0 = out0_unfused.host();
+    EXPECT_EQ(0, std::memcmp(ah.data(), u.data(), ah.size())) << "mlp: ahead != unfused";
+    const auto o0 = out0_overlap.host(), u0 = out0_unfused.host(), a0 = out0_ahead.host();
     EXPECT_EQ(0, std::memcmp(o0.data(), u0.data(), o0.size())) << "layer 0: overlap != unfused";
+    EXPECT_EQ(0, std::memcmp(a0.data(), u0.data(), a0.size())) << "layer 0: ahead != unfused";
   }
 
   // the tables the layers ran on are the host form's
@@ -176,7 +182,7 @@ TEST(MoeCuda, GraphReplaysFollowNewRouting) {
   const std::vector<float> weights = draw_weights(rng, rows);
   Dev d_ids(rows * 4), d_x(x.size()), d_w1(w1.size()), d_w2(w2.size()), d_weights(rows * 4);
   d_x.put(x), d_w1.put(w1), d_w2.put(w2), d_weights.put(weights);
-  Dev out(c.tokens * h * eb), out_overlap(c.tokens * h * eb), ref(c.tokens * h * eb);
+  Dev out(c.tokens * h * eb), out_overlap(c.tokens * h * eb), out_ahead(c.tokens * h * eb), ref(c.tokens * h * eb);
   MoeLayer moe(c.tokens, h, f, c.experts, c.topk, c.dtype);
   cudaStream_t s;
   TL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -186,20 +192,22 @@ TEST(MoeCuda, GraphReplaysFollowNewRouting) {
   moe.route(d_ids.as<int32_t>(), s);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), out.p, MoePath::kFused, s);
   moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), out_overlap.p, MoePath::kOverlap, s);
+  moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), out_ahead.p, MoePath::kAhead, s);
   TL_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   TL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (Routing r : kRoutings) {
     SCOPED_TRACE(test::name(r));
     d_ids.put(test::draw_ids(rng, c.tokens, c.topk, c.experts, r));
-    out.poison(), out_overlap.poison(), ref.poison();
+    out.poison(), out_overlap.poison(), out_ahead.poison(), ref.poison();
     TL_CUDA_CHECK(cudaGraphLaunch(exec, s));
     TL_CUDA_CHECK(cudaStreamSynchronize(s));
     moe.route(d_ids.as<int32_t>(), s);  // eager, unfused: the same bits
     moe.mlp(d_x.p, d_w1.p, d_w2.p, d_weights.as<float>(), ref.p, MoePath::kUnfused, s);
     TL_CUDA_CHECK(cudaStreamSynchronize(s));
-    const auto a = out.host(), o = out_overlap.host(), b = ref.host();
+    const auto a = out.host(), o = out_overlap.host(), ah = out_ahead.host(), b = ref.host();
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size())) << "fused";
     EXPECT_EQ(0, std::memcmp(o.data(), b.data(), o.size())) << "overlap";
+    EXPECT_EQ(0, std::memcmp(ah.data(), b.data(), ah.size())) << "ahead";
   }
   TL_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TL_CUDA_CHECK(cudaGraphDestroy(graph));

@@ -3,7 +3,9 @@
 //   fused  moe.route + the op with --fused's path: gathered (the default, MoePath::kFused: the
 //          GEMM gathers X's rows in its load path; what the layer ops' fused call runs at world 1)
 //          or overlap (MoePath::kOverlap: layer 0's gather kernel on a few SMs writes X's rows in
-//          grouped order beside the grouped GEMM, whose tiles wait for their tile rows)
+//          grouped order beside the grouped GEMM, whose tiles wait for their tile rows) or ahead
+//          (MoePath::kAhead: the GEMM's own blocks copy X's rows in grouped order, the first
+//          waves' in a prologue, the rest on idle producer warps, its tiles waiting for them)
 //   (a)    moe.route + the op with MoePath::kUnfused: the best unfused pipeline (a gather kernel
 //          writes X in grouped order, then the grouped GEMM). Layer 1 has one path: for
 //          moe_gemm_rs at world 1, (a) runs the same kernels as fused, and fus/a is their A/A.
@@ -150,6 +152,7 @@ struct CaseOptions {
   bool check;
   MoePath fused = MoePath::kFused;    // --fused gathered|overlap
   int gather_sms = 0;                 // --gather-sms (overlap): 0, the layer's default
+  int ahead_waves = -1;               // --ahead-waves (ahead): -1, the layer's default
   bool reduce_beside = false;         // --reduce beside|after (moe_gemm_rs over ranks)
   int completion_keys = 0;            // --completion-keys K (moe_gemm_rs over ranks): 0, the op's default
   std::string transport = "auto";     // --transport auto|virtual|peer (over ranks)
@@ -197,6 +200,7 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
   // ---- the layer, its inputs and the outputs (freed when the case ends) ----
   MoeLayer moe(tokens, hidden, ffn, experts, topk, dt);
   if (o.gather_sms > 0) moe.set_gather_sms(o.gather_sms);
+  if (o.ahead_waves >= 0) moe.set_ahead_waves(o.ahead_waves);
   const bool has_layer0 = op != MoeBenchOp::kGemmRs, has_layer1 = op != MoeBenchOp::kAgGemm;
   const int64_t n0 = op == MoeBenchOp::kMlp ? 2 * ffn : ffn;  // layer 0's N
   DeviceBuffer d_ids(rows * sizeof(int32_t)), d_weights(rows * sizeof(float));
@@ -621,6 +625,9 @@ int bench_moe(MoeBenchOp op, Args& args) {
   const bool csv = args.flag("--csv");
   const std::string fused = args.get("--fused", "gathered");
   o.gather_sms = static_cast<int>(args.get_int_in("--gather-sms", 0, 0, 1024));
+  o.ahead_waves = static_cast<int>(args.get_int("--ahead-waves", -1));
+  TL_REQUIRE(o.ahead_waves == -1 || (o.ahead_waves >= 0 && o.ahead_waves <= 1000000),
+             name << ": --ahead-waves must be in [0, 1000000], got " << o.ahead_waves);
   const std::string reduce = args.get("--reduce", "after");
   o.completion_keys = static_cast<int>(args.get_int_in("--completion-keys", 0, 0, kMoeOrderKeys));
   o.transport = args.get("--transport", "auto");
@@ -630,9 +637,9 @@ int bench_moe(MoeBenchOp op, Args& args) {
   TL_REQUIRE(reduce == "beside" || reduce == "after",
              name << ": --reduce must be beside or after, got '" << reduce << "'");
   o.reduce_beside = reduce == "beside";
-  TL_REQUIRE(fused == "overlap" || fused == "gathered",
-             name << ": --fused must be overlap or gathered, got '" << fused << "'");
-  o.fused = fused == "overlap" ? MoePath::kOverlap : MoePath::kFused;
+  TL_REQUIRE(fused == "overlap" || fused == "gathered" || fused == "ahead",
+             name << ": --fused must be gathered, overlap or ahead, got '" << fused << "'");
+  o.fused = fused == "overlap" ? MoePath::kOverlap : fused == "ahead" ? MoePath::kAhead : MoePath::kFused;
   TL_REQUIRE(!(check_flag && no_check), name << ": --check and --no-check both given");
   o.check = !no_check;
 
@@ -662,11 +669,12 @@ int bench_moe(MoeBenchOp op, Args& args) {
   const std::string dname(dtype_name(o.dtype));
   std::printf(
       "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); fused: %s; %s; reps "
-      "%d, warmup %d, seed %llu; gather SMs %s; L2 flushed before every call; ms: medians; fus/a, fus/b: the "
+      "%d, warmup %d, seed %llu; gather SMs %s; ahead waves %s; L2 flushed before every call; ms: medians; fus/a, fus/b: the "
       "baseline's ms over fused's; check %s\n",
       prop.name, sms, l2 >> 20, op_name(op), cuda::moe_path_name(o.fused), dname.c_str(), o.reps,
       o.warmup, (unsigned long long)o.seed,
-      o.gather_sms > 0 ? std::to_string(o.gather_sms).c_str() : "default", o.check ? "on" : "off (--no-check)");
+      o.gather_sms > 0 ? std::to_string(o.gather_sms).c_str() : "default",
+      o.ahead_waves >= 0 ? std::to_string(o.ahead_waves).c_str() : "default", o.check ? "on" : "off (--no-check)");
   if (op == MoeBenchOp::kGemmRs)
     std::printf(
         "# moe_gemm_rs at world 1: fused and (a) are the same kernels (the grouped GEMM into Y, "
@@ -741,7 +749,8 @@ const char* kUsage =
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world W (1: the layer on one GPU; 2-8: ranks)] "
     "[--transport auto|virtual|peer (over ranks; auto: peer where there is a GPU a rank)] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
-    "[--fused gathered|overlap] [--gather-sms N (overlap: SMs of the gather kernel)] "
+    "[--fused gathered|overlap|ahead] [--gather-sms N (overlap: SMs of the gather kernel)] "
+    "[--ahead-waves W (ahead: the waves whose rows every warp copies first)] "
     "[--reduce beside|after (moe_gemm_rs over ranks: its top-k reduce beside or after the grouped GEMM)] "
     "[--completion-keys K (beside: the phases of the GEMM's walk, 1-64)]";
 const std::vector<std::string> kFlags{"--check", "--no-check", "--csv"};

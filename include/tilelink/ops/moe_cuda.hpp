@@ -15,6 +15,12 @@
 //             per tile, for its tile row (bounded wait, SignalField::kRowsReady), so the gather
 //             runs beside the GEMM instead of before it (measured at 0.28-0.89 of kUnfused: the
 //             gather on 8 SMs does not keep ahead; bench/notes/moe.md)
+//   kAhead    layer 0's grouped GEMM copies X's rows into grouped order itself, ahead of its
+//             tiles: every warp of its blocks first copies the tile rows of its first waves
+//             (set_ahead_waves),
+//             then the producer warps its loads leave idle copy the rest beside the mainloop; a
+//             tile's TMA loads wait until its tile row is in (bounded, SignalField::kRowsReady).
+//             The unfused pipeline's gather, hidden behind the GEMM but for its first waves.
 //   kUnfused  a gather kernel writes X in grouped order, then the grouped GEMM reads it (the
 //             pipeline of the unfused baseline)
 //   kAuto     the fastest as measured: kUnfused on one GPU (the gathered load ran at a median
@@ -44,8 +50,9 @@
 
 namespace tilelink::cuda {
 
-enum class MoePath : uint8_t { kFused, kUnfused, kAuto, kOverlap };
+enum class MoePath : uint8_t { kFused, kUnfused, kAuto, kOverlap, kAhead };
 inline constexpr int kMoeGatherSms = 8;  // the SMs kOverlap's gather kernel keeps
+inline constexpr int kMoeAheadWaves = 2;  // kAhead's prologue: the first waves' tile rows
 const char* moe_path_name(MoePath path);
 // The path kAuto takes (the others are kept).
 MoePath moe_choose_path(MoePath requested);
@@ -113,6 +120,11 @@ class MoeLayer {
   // 1 to half the device's SMs).
   void set_gather_sms(int sms);
   int gather_sms() const { return gather_sms_; }
+  // kAhead: the GEMM's waves whose tile rows every warp copies before the roles split
+  // (kMoeAheadWaves unless set; 0: none, the producer's idle warps copy every row; a large count:
+  // every row first, the gather and the GEMM in one launch).
+  void set_ahead_waves(int waves);
+  int ahead_waves() const { return ahead_waves_; }
   // The SMs the grouped GEMMs' persistent grids take (0: every SM of the device; a rank of a
   // world passes its own share: on virtual ranks its green context's, less what it leaves free).
   void set_gemm_sms(int sms);
@@ -151,6 +163,7 @@ class MoeLayer {
 
  private:
   void layer0_overlap(const void* x, const void* w1, int64_t n, void* out, cudaStream_t stream);
+  void layer0_ahead(const void* x, const void* w1, int64_t n, void* out, cudaStream_t stream);
 
   int64_t tokens_ = 0, hidden_ = 0, ffn_ = 0;
   int experts_ = 0, topk_ = 0;
@@ -161,12 +174,13 @@ class MoeLayer {
   int64_t* row_of_pair_ = nullptr;
   int64_t* status_ = nullptr;
   int* first_tile_rows_ = nullptr;
-  uint64_t* rows_ready_ = nullptr;  // kOverlap: a signal a grouped tile row
+  uint64_t* rows_ready_ = nullptr;  // kOverlap: a signal a grouped tile row; kAhead: its count, and the claims
   int* tile_row_order_ = nullptr;   // order_by_arrival: the walk's order of the tile rows
   uint8_t* arrival_keys_ = nullptr;  // its scratch: a tile row's arrival
   int64_t max_tile_rows_ = 0;
   int sms_ = 0;
   int gather_sms_ = kMoeGatherSms;
+  int ahead_waves_ = kMoeAheadWaves;
   int gemm_sms_ = 0;
   cudaStream_t side_ = nullptr;  // kOverlap: the gather's stream, forked from and joined to the caller's
   cudaEvent_t fork_ = nullptr, join_ = nullptr;

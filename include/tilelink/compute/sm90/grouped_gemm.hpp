@@ -35,7 +35,10 @@
 // cp.async 0.84 of the gather kernel plus the contiguous GEMM: bench/notes/moe.md.)
 //
 // Hooks (as gemm.hpp's): TileWork.group is the group, TileWork.tile its tile in the group's own grid,
-// TileWork.region the rows of the stacked C it covers. No split of the last wave.
+// TileWork.region the rows of the stacked C it covers. No split of the last wave. Two optional hook
+// points give an op's work to the kernel's own warps (impl/gemm_kernel.cuh): prologue(), every
+// warp once before the roles split, and side_work(), the producer warps that load and store
+// nothing, beside the mainloop (MoE layer 0's gather ahead, ops/moe_cuda.hpp: MoePath::kAhead).
 //
 //   GroupedGemmArgs g;
 //   g.a = x_sorted; g.b = w1; g.c = h; g.max_rows = tokens * topk; g.n = ffn; g.k = hidden;

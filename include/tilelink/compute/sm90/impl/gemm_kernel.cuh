@@ -170,6 +170,16 @@ TL_HD constexpr bool const_callable_hooks() {
 template <class H>
 using HooksInWarp = std::conditional_t<const_callable_hooks<H>(), const H&, H>;
 
+// Optional hook points: work a block does for an op beside its tiles (the grouped mode's gather
+// ahead, ops/moe_cuda.hpp). prologue(): every warp of the block, once, after the setup and before
+// the roles split (the consumers' registers not yet raised). side_work(): the producer
+// warpgroup's warps that load nothing and store nothing (1 to 3; 2 and 3 with a store warp),
+// beside the mainloop. Both are const, warp-wide calls; neither may wait for the block's tiles.
+template <class H>
+concept HooksHavePrologue = requires(const H& h) { h.prologue(); };
+template <class H>
+concept HooksHaveSideWork = requires(const H& h) { h.side_work(); };
+
 template <class Cfg>
 struct SharedStorage {
   // NOTE: first, so the operand ring starts 1024-byte aligned (128-byte swizzle atoms).
@@ -642,6 +652,14 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
   extern __shared__ __align__(1024) uint8_t tl_sm90_gemm_smem[];
   auto& shared = *reinterpret_cast<SharedStorageOf<Cfg, kGrouped>*>(tl_sm90_gemm_smem);
 
+  // ---- the hooks' prologue: first, while the kernel holds no state of its own ------------------
+  // NOTE: after the setup (the walk's tables built, the pipeline made) the prologue's copies made
+  // ptxas spill 116-192 bytes in the MoE gather-ahead instances, at the launch's 168 registers.
+  if constexpr (HooksHavePrologue<Hooks>) {
+    HooksInWarp<Hooks> hooks = p.hooks;
+    hooks.prologue();
+  }
+
   // ---- setup ---------------------------------------------------------------------------------
   const int thread_idx = threadIdx.x;
   if (threadIdx.x == 0) TL_GEMM_MARK(0);
@@ -848,6 +866,14 @@ __global__ void __launch_bounds__(Cfg::kNumThreads, 1)
           if (j + 1 == sched.units()) TL_GEMM_MARK(8);
           shared.stored.release(j);
         }
+      }
+    }
+
+    // ---- the warps left: the hooks' side work beside the mainloop ------------------------------
+    if constexpr (HooksHaveSideWork<Hooks>) {
+      if (!gathered && warp_in_group >= (handoff ? 2 : 1)) {
+        HooksInWarp<Hooks> hooks = p.hooks;
+        hooks.side_work();
       }
     }
   } else {
@@ -1272,6 +1298,8 @@ void launch_grouped_gemm(const GroupedGemmArgs& args, const Hooks& hooks, cudaSt
   grouped_gemm_check(args);
   TL_REQUIRE(args.a_row_index == nullptr || !Hooks::kNotifies,
              "sm90 grouped gemm: a gathered A (a_row_index) takes no notify hook: the store warp loads A's rows");
+  TL_REQUIRE(args.a_row_index == nullptr || !detail::HooksHaveSideWork<Hooks>,
+             "sm90 grouped gemm: a gathered A (a_row_index) takes no side work: every producer warp loads A's rows");
   TL_REQUIRE(
       args.in_type == detail::kDTypeOf<ElementIn> && args.out_type == detail::kDTypeOf<ElementOut>,
       "sm90 grouped gemm: this instantiation is "
