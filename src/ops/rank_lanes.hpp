@@ -142,22 +142,17 @@ class RankLanes {
   void nccl_all_gather_rows(const RowPartition& rows, int64_t row_elems,
                             const std::vector<const void*>& send, const std::vector<void*>& gathered) {
     require_nccl("AllGather");
-    const size_t eb = sizeof(uint16_t);  // bf16
-    TL_NCCL_CHECK(ncclGroupStart());
-    for (int r : world_.local_ranks()) {
-      if (even(rows)) {
-        TL_NCCL_CHECK(ncclAllGather(send[r], gathered[r], static_cast<size_t>(rows.size(0) * row_elems),
-                                    ncclBfloat16, nccl_[r], world_.stream(r)));
-        continue;
-      }
-      for (int root = 0; root < rows.world_size; ++root) {
-        if (rows.size(root) == 0) continue;
-        char* dst = static_cast<char*>(gathered[r]) + rows.begin(root) * row_elems * eb;
-        TL_NCCL_CHECK(ncclBroadcast(r == root ? send[r] : dst, dst,
-                                    static_cast<size_t>(rows.size(root) * row_elems), ncclBfloat16, root,
-                                    nccl_[r], world_.stream(r)));
-      }
+    const size_t row_bytes = static_cast<size_t>(row_elems) * sizeof(uint16_t);  // bf16
+    if (!even(rows)) {  // each segment from its owner, at its rows
+      return nccl_broadcasts(rows.world_size, [&](int root, int r) {
+        return Broadcast{root, send[r], static_cast<char*>(gathered[r]) + rows.begin(root) * row_bytes,
+                         static_cast<size_t>(rows.size(root)) * row_bytes};
+      });
     }
+    TL_NCCL_CHECK(ncclGroupStart());
+    for (int r : world_.local_ranks())
+      TL_NCCL_CHECK(ncclAllGather(send[r], gathered[r], static_cast<size_t>(rows.size(0) * row_elems),
+                                  ncclBfloat16, nccl_[r], world_.stream(r)));
     TL_NCCL_CHECK(ncclGroupEnd());
   }
 

@@ -48,15 +48,14 @@ inline void require_one_process_transport_name(const std::string& name, const st
              who << ": --transport must be auto, virtual or peer, got '" << name << "'");
 }
 inline cuda::Transport one_process_transport(const std::string& name, int world, const std::string& who) {
-  cuda::Transport t = cuda::Transport::kVirtual;
+  require_one_process_transport_name(name, who);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) {
     (void)cudaGetLastError();
     devices = 0;
   }
   if (name == "auto") return world > 1 && devices >= world ? cuda::Transport::kPeer : cuda::Transport::kVirtual;
-  TL_REQUIRE(cuda::parse_transport(name, &t) && t != cuda::Transport::kIpc,
-             who << ": --transport must be auto, virtual or peer, got '" << name << "'");
+  const cuda::Transport t = name == "peer" ? cuda::Transport::kPeer : cuda::Transport::kVirtual;
   TL_REQUIRE(t != cuda::Transport::kPeer || devices >= world,
              who << ": --transport peer needs a GPU a rank: world " << world << ", " << devices << " GPU(s) here");
   return t;
