@@ -17,6 +17,7 @@
 #include "tilelink/core/error.hpp"
 #include "tilelink/ops/moe_route_cuda.hpp"
 #include "tilelink/runtime/world.hpp"
+#include "tilelink/tune/path_model.hpp"
 
 namespace tilelink::cuda {
 namespace {
@@ -347,6 +348,12 @@ static_assert(compute::sm90::detail::const_callable_hooks<GatherAheadHooks>(),
 TL_REGISTER_KERNELS(gather_rows_kernel, silu_mul_kernel<__nv_bfloat16>, silu_mul_kernel<__half>,
                     topk_reduce_kernel<__nv_bfloat16>, topk_reduce_kernel<__half>, gather_tile_rows_kernel);
 
+// kAuto's layer 0 on one GPU: the path model's choice.
+MoePath one_gpu_layer0_path(int64_t tokens, int64_t hidden, int64_t n, int topk, DType dtype, int sms) {
+  return moe_layer0_one_gpu(tokens, hidden, n, topk, dtype, sms).path == OpPath::kFused ? MoePath::kFused
+                                                                                      : MoePath::kUnfused;
+}
+
 template <class F>
 void by_dtype(DType dtype, F&& f) {
   if (dtype == DType::kBF16) return f(__nv_bfloat16{});
@@ -370,8 +377,11 @@ const char* moe_path_name(MoePath path) {
                                      : "auto";
 }
 
-MoePath moe_choose_path(MoePath requested) {
-  return requested == MoePath::kAuto ? MoePath::kUnfused : requested;
+MoePath MoeLayer::layer0_path(MoePath path, int64_t n) const {
+  if (path != MoePath::kAuto) return path;
+  if (n == ffn_) return auto_f_;
+  if (n == 2 * ffn_) return auto_2f_;
+  return one_gpu_layer0_path(tokens_, hidden_, n, topk_, dtype_, sms_);
 }
 
 MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk, DType dtype)
@@ -410,6 +420,8 @@ MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int
   tile_row_order_ = static_cast<int*>(alloc<int>(max_tile_rows_));
   arrival_keys_ = static_cast<uint8_t*>(alloc<uint8_t>(max_tile_rows_));
   sms_ = sm_count();
+  auto_f_ = one_gpu_layer0_path(tokens, hidden, ffn, topk, dtype, sms_);
+  auto_2f_ = one_gpu_layer0_path(tokens, hidden, 2 * ffn, topk, dtype, sms_);
   TL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
@@ -537,7 +549,8 @@ void MoeLayer::layer0(const void* x, const void* w1, int64_t n, void* out, MoePa
                       cudaStream_t stream) {
   TL_REQUIRE(x != nullptr && w1 != nullptr && out != nullptr, "moe (cuda): layer 0: null pointer");
   TL_REQUIRE(n >= 8 && n % 8 == 0, "moe (cuda): layer 0: n must be a positive multiple of 8, got " << n);
-  if (moe_choose_path(path) == MoePath::kFused) {
+  path = layer0_path(path, n);
+  if (path == MoePath::kFused) {
     return compute::sm90::grouped_gemm(grouped_args(x, pair_of_row_, w1, out, n, hidden_), stream);
   }
   if (path == MoePath::kOverlap) return layer0_overlap(x, w1, n, out, stream);

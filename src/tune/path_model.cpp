@@ -241,24 +241,29 @@ void check_moe_model(const MachineModel& m) {
              "path model: rates must be positive");
 }
 
-MoeCost moe_layer0_cost(const MoeAgGemmPlan& p, const MachineModel& m) {
+// Layer 0 of `rows` grouped rows (of `tokens` tokens) x n x hidden on `world` ranks, comm_bytes in.
+MoeCost moe_layer0_cost(int64_t rows_i, int64_t tokens, int64_t hidden, int64_t n, DType dtype, int world,
+                        double comm_bytes, const MachineModel& m) {
   check_moe_model(m);
-  const double rows = static_cast<double>(p.rows()), h = static_cast<double>(p.hidden);
+  const double rows = static_cast<double>(rows_i), h = static_cast<double>(hidden);
   const double rate = m.gemm_tflops * m.moe_grouped_share * 1e12;
-  const double t_gemm = 2 * rows * static_cast<double>(p.ffn) * h / rate * 1e6;
-  const double t_gather =
-      (rows + static_cast<double>(p.tokens())) * h * dtype_size(p.dtype) / (m.hbm_pass_gbps * 1e9) * 1e6;
-  const double t_comm = moe_ag_gemm_comm_bytes(p) / (m.link_gbps * 1e9) * 1e6;
-  const int tiles = 3 * (p.world_size - 1);
+  const double t_gemm = 2 * rows * static_cast<double>(n) * h / rate * 1e6;
+  const double t_gather = (rows + static_cast<double>(tokens)) * h * dtype_size(dtype) / (m.hbm_pass_gbps * 1e9) * 1e6;
+  const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
+  const int tiles = 3 * (world - 1);
   MoeCost c;
   c.unfused_us = t_comm + t_gather + t_gemm;
   c.fused_us = std::max(t_gemm * m.sms / m.gemm_sms / m.moe_gathered_rate, t_comm + tiles * m.comm_tile_us) +
-               (p.world_size > 1 ? m.fused_overhead_us : 0.0);
+               (world > 1 ? m.fused_overhead_us : 0.0);
   std::ostringstream os;
   os << "layer 0: gemm " << t_gemm << " us on all SMs, gather pass " << t_gather << " us, comm " << t_comm
      << " us, gathered load at " << m.moe_gathered_rate << " of the contiguous";
   c.parts = os.str();
   return c;
+}
+
+MoeCost moe_layer0_cost(const MoeAgGemmPlan& p, const MachineModel& m) {
+  return moe_layer0_cost(p.rows(), p.tokens(), p.hidden, p.ffn, p.dtype, p.world_size, moe_ag_gemm_comm_bytes(p), m);
 }
 
 MoeCost moe_layer1_cost(const MoeGemmRsPlan& p, const MachineModel& m) {
@@ -280,10 +285,12 @@ MoeCost moe_layer1_cost(const MoeGemmRsPlan& p, const MachineModel& m) {
   return c;
 }
 
-PathChoice moe_choice_of(const MoeCost& c, const MachineModel& m) {
+// One rank: no margin (nothing overlaps; both paths are measured kernels of the same work).
+PathChoice moe_choice_of(const MoeCost& c, const MachineModel& m, int world) {
   PathChoice out;
   out.fused_us = c.fused_us, out.unfused_us = c.unfused_us;
-  out.path = c.fused_us <= c.unfused_us * (1 - m.margin) ? OpPath::kFused : OpPath::kUnfused;
+  const double margin = world > 1 ? m.margin : 0.0;
+  out.path = c.fused_us <= c.unfused_us * (1 - margin) ? OpPath::kFused : OpPath::kUnfused;
   std::ostringstream os;
   os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (" << c.parts << ")";
   out.why = os.str();
@@ -295,7 +302,7 @@ PathChoice moe_choice_of(const MoeCost& c, const MachineModel& m) {
 PathChoice choose_path(const MoeAgGemmPlan& p, const MachineModel& m, OpPath requested) {
   bool decided = false;
   if (PathChoice c = forced_or_shared(m, requested, p.world_size, &decided); decided) return c;
-  return moe_choice_of(moe_layer0_cost(p, m), m);
+  return moe_choice_of(moe_layer0_cost(p, m), m, p.world_size);
 }
 
 PathChoice choose_path(const MoeGemmRsPlan& p, const MachineModel& m, OpPath requested) {
@@ -307,7 +314,7 @@ PathChoice choose_path(const MoeGemmRsPlan& p, const MachineModel& m, OpPath req
     c.why = "one rank: both paths are the same kernels";
     return c;
   }
-  return moe_choice_of(moe_layer1_cost(p, m), m);
+  return moe_choice_of(moe_layer1_cost(p, m), m, p.world_size);
 }
 
 PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const MoeGemmRsPlan& l1,
@@ -318,7 +325,17 @@ PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const
   MoeCost both;
   both.fused_us = a.fused_us + b.fused_us, both.unfused_us = a.unfused_us + b.unfused_us;
   both.parts = a.parts + "; " + b.parts;
-  return moe_choice_of(both, m0);
+  return moe_choice_of(both, m0, l0.world_size);
+}
+
+PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int topk, DType dtype, int sms) {
+  TL_REQUIRE(tokens >= 1 && hidden >= 1 && n >= 1 && topk >= 1 && sms >= 1,
+             "path model: MoE layer 0 on one GPU needs positive sizes, got tokens " << tokens << ", hidden " << hidden
+                                                                               << ", n " << n << ", topk " << topk
+                                                                               << ", sms " << sms);
+  MachineModel m;
+  m.sms = m.gemm_sms = sms;
+  return moe_choice_of(moe_layer0_cost(tokens * topk, tokens, hidden, n, dtype, 1, 0.0, m), m, 1);
 }
 
 PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested) {

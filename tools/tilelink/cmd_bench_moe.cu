@@ -6,6 +6,8 @@
 //          grouped order beside the grouped GEMM, whose tiles wait for their tile rows) or ahead
 //          (MoePath::kAhead: the GEMM's own blocks copy X's rows in grouped order, the first
 //          waves' in a prologue, the rest on idle producer warps, its tiles waiting for them)
+//          or auto (MoePath::kAuto: what the layer itself takes, gathered or the unfused
+//          pipeline by the path model; the row's last column names it)
 //   (a)    moe.route + the op with MoePath::kUnfused: the best unfused pipeline (a gather kernel
 //          writes X in grouped order, then the grouped GEMM). Layer 1 has one path: for
 //          moe_gemm_rs at world 1, (a) runs the same kernels as fused, and fus/a is their A/A.
@@ -164,7 +166,8 @@ struct CaseRow {
   double ms[4] = {};  // fused, (a), (b), dense
   double flop = 0;    // of the op's GEMMs
   double err_b = -1, err_f64 = -1;
-  std::string why;  // the failures, empty when every check passed
+  std::string why;   // the failures, empty when every check passed
+  MoePath path{};    // the path the fused column's layer 0 took (--fused auto: the layer's choice)
 };
 
 enum { kFused, kUnfused, kLoop, kDense, kVariants };
@@ -203,6 +206,7 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
   if (o.ahead_waves >= 0) moe.set_ahead_waves(o.ahead_waves);
   const bool has_layer0 = op != MoeBenchOp::kGemmRs, has_layer1 = op != MoeBenchOp::kAgGemm;
   const int64_t n0 = op == MoeBenchOp::kMlp ? 2 * ffn : ffn;  // layer 0's N
+  row.path = has_layer0 ? moe.layer0_path(o.fused, n0) : MoePath::kFused;
   DeviceBuffer d_ids(rows * sizeof(int32_t)), d_weights(rows * sizeof(float));
   DeviceBuffer x(has_layer0 ? tokens * hidden * es : 0);
   DeviceBuffer w1(has_layer0 ? experts * n0 * hidden * es : 0);
@@ -231,7 +235,7 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
                  3.0f / std::sqrt(float(hidden)), stream);
   }
   if (has_layer1) {
-    if (h1.get() != nullptr) fill_uniform(h1.get(), dt, rows * ffn, fill_seed ^ 0x3, 1.0f, stream);
+    if (h1.bytes() > 0) fill_uniform(h1.get(), dt, rows * ffn, fill_seed ^ 0x3, 1.0f, stream);
     fill_uniform(w2.get(), dt, experts * hidden * ffn, fill_seed ^ 0x4,
                  3.0f / std::sqrt(float(ffn)), stream);
   }
@@ -637,9 +641,13 @@ int bench_moe(MoeBenchOp op, Args& args) {
   TL_REQUIRE(reduce == "beside" || reduce == "after",
              name << ": --reduce must be beside or after, got '" << reduce << "'");
   o.reduce_beside = reduce == "beside";
-  TL_REQUIRE(fused == "overlap" || fused == "gathered" || fused == "ahead",
-             name << ": --fused must be gathered, overlap or ahead, got '" << fused << "'");
-  o.fused = fused == "overlap" ? MoePath::kOverlap : fused == "ahead" ? MoePath::kAhead : MoePath::kFused;
+  TL_REQUIRE(fused == "overlap" || fused == "gathered" || fused == "ahead" || fused == "auto",
+             name << ": --fused must be gathered, overlap, ahead or auto, got '" << fused << "'");
+  TL_REQUIRE(fused != "auto" || o.world == 1, name << ": --fused auto applies at --world 1");
+  o.fused = fused == "overlap" ? MoePath::kOverlap
+            : fused == "ahead" ? MoePath::kAhead
+            : fused == "auto"  ? MoePath::kAuto
+                               : MoePath::kFused;
   TL_REQUIRE(!(check_flag && no_check), name << ": --check and --no-check both given");
   o.check = !no_check;
 
@@ -685,11 +693,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
   if (csv) {
     std::printf(
         "model,tokens,routing,rows,fused_ms,unfused_ms,loop_ms,dense_ms,fused_over_a,"
-        "fused_over_b,fused_tflops,err_b,err_f64,check\n");
+        "fused_over_b,fused_tflops,err_b,err_f64,check,path\n");
   } else {
-    std::printf("%-13s %6s %-13s %6s | %9s %9s %9s %9s | %6s %6s | %6s | %8s %8s %5s\n", "model",
+    std::printf("%-13s %6s %-13s %6s | %9s %9s %9s %9s | %6s %6s | %6s | %8s %8s %5s | %s\n", "model",
                 "tokens", "routing", "rows", "fused_ms", "a_ms", "b_ms", "dense_ms", "fus/a",
-                "fus/b", "fus_TF", "err_b", "err_f64", "check");
+                "fus/b", "fus_TF", "err_b", "err_f64", "check", "path");
   }
   std::vector<double> over_a, over_b;
   bool all_ok = true;
@@ -710,17 +718,17 @@ int bench_moe(MoeBenchOp op, Args& args) {
         auto err = [](double e) { return e >= 0 ? fmt("%.2e", e) : std::string("-"); };
         const char* check = o.check ? (ok ? "ok" : "FAIL") : "-";
         if (csv) {
-          std::printf("%s,%lld,%s,%lld,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%s,%s,%s\n", model.name,
+          std::printf("%s,%lld,%s,%lld,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%s,%s,%s,%s\n", model.name,
                       (long long)tokens, moe_routing_name(pattern), (long long)row.rows,
                       row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], ra, rb, tf,
-                      err(row.err_b).c_str(), err(row.err_f64).c_str(), check);
+                      err(row.err_b).c_str(), err(row.err_f64).c_str(), check, cuda::moe_path_name(row.path));
         } else {
           std::printf(
               "%-13s %6lld %-13s %6lld | %9.4f %9.4f %9.4f %9.4f | %6.3f %6.3f | %6.1f | %8s %8s "
-              "%5s\n",
+              "%5s | %s\n",
               model.name, (long long)tokens, moe_routing_name(pattern), (long long)row.rows,
               row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], ra, rb, tf,
-              err(row.err_b).c_str(), err(row.err_f64).c_str(), check);
+              err(row.err_b).c_str(), err(row.err_f64).c_str(), check, cuda::moe_path_name(row.path));
         }
         std::fflush(stdout);
       }
@@ -749,7 +757,7 @@ const char* kUsage =
     "[--tokens M,...] [--routing uniform,skewed,one-expert,empty-experts] [--world W (1: the layer on one GPU; 2-8: ranks)] "
     "[--transport auto|virtual|peer (over ranks; auto: peer where there is a GPU a rank)] "
     "[--dtype bf16|fp16] [--seed S] [--reps R] [--warmup W] [--check|--no-check] [--csv] "
-    "[--fused gathered|overlap|ahead] [--gather-sms N (overlap: SMs of the gather kernel)] "
+    "[--fused gathered|overlap|ahead|auto (world 1: the layer's own choice)] [--gather-sms N (overlap: SMs of the gather kernel)] "
     "[--ahead-waves W (ahead: the waves whose rows every warp copies first)] "
     "[--reduce beside|after (moe_gemm_rs over ranks: its top-k reduce beside or after the grouped GEMM)] "
     "[--completion-keys K (beside: the phases of the GEMM's walk, 1-64)]";

@@ -54,8 +54,6 @@ enum class MoePath : uint8_t { kFused, kUnfused, kAuto, kOverlap, kAhead };
 inline constexpr int kMoeGatherSms = 8;  // the SMs kOverlap's gather kernel keeps
 inline constexpr int kMoeAheadWaves = 2;  // kAhead's prologue: the first waves' tile rows
 const char* moe_path_name(MoePath path);
-// The path kAuto takes (the others are kept).
-MoePath moe_choose_path(MoePath requested);
 
 // Layer 1 over ranks, the top-k reduce beside the grouped GEMM (MoeLayer::topk_reduce_tiles with a
 // link). The GEMM announces each stored tile (m, n) of group g at pair_done[(first_tile_rows[g] + m)
@@ -92,6 +90,10 @@ class MoeLayer {
   // x [tokens, H]; w1 [experts, 2F, H] (gate rows, then up rows); w2 [experts, H, F]; out [tokens, H].
   void mlp(const void* x, const void* w1, const void* w2, const float* weights, void* out,
            MoePath path, cudaStream_t stream);
+  // The path layer 0 of N n takes for `path`: kAuto resolved by the path model on one GPU
+  // (tune/path_model.hpp, moe_layer0_one_gpu: the gathered load, kFused, where the gather pass it
+  // saves outweighs its slower load, else kUnfused); the others kept.
+  MoePath layer0_path(MoePath path, int64_t n) const;
 
   // The kernels between the GEMMs, for baselines built from other GEMMs: the gather of X into
   // grouped order (xs [rows, H]), the gated activation (h [rows, 2F] -> act [rows, F]) and the
@@ -182,6 +184,7 @@ class MoeLayer {
   int gather_sms_ = kMoeGatherSms;
   int ahead_waves_ = kMoeAheadWaves;
   int gemm_sms_ = 0;
+  MoePath auto_f_ = MoePath::kUnfused, auto_2f_ = MoePath::kUnfused;  // kAuto's layer 0 at N = F, 2F
   cudaStream_t side_ = nullptr;  // kOverlap: the gather's stream, forked from and joined to the caller's
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   void* scratch_ = nullptr;

@@ -95,9 +95,11 @@ struct MachineModel {
   // MoE shapes) at a median 0.71 of a dense GEMM of the same FLOPs (bench/notes/moe.md).
   double moe_grouped_share = 0.71;
   // MoE layer 0: the grouped GEMM with X's rows gathered in its load path, as a share of the
-  // contiguous grouped GEMM's rate. Measured on one H200 (2026-12-04, the six MoE models at world
-  // 1, two warps of cp.async) against the gather kernel plus the contiguous GEMM: a median 0.841
-  // (0.63 on the long-K few-expert shapes to 1.01), gather passes of a few percent included.
+  // contiguous grouped GEMM's rate. Measured on one H200 (2026-12-05, the six MoE models at world
+  // 1, four warps of cp.async; bench/notes/moe.md): the gathered GEMM costs 17-30% more than the
+  // contiguous one where it is compute-bound, so it wins only where the gather pass it saves is
+  // larger (qwen3-30b-a3b: fused / (a) 1.10-1.22; the mixtral shapes 0.85-0.92). At 0.8 the model
+  // picks it on the shapes where it measured ahead by 10% or more and on none where it lost.
   double moe_gathered_rate = 0.8;
   // A gather or a top-k reduce pass over HBM: bytes read and written a second. A copy kernel on one
   // H200 moves ~3 TB/s (bench prim); kept below it for the H100's 3.35 TB/s peak.
@@ -176,6 +178,10 @@ PathChoice choose_path(const MoeAgGemmPlan& p, const MachineModel& m, OpPath req
 PathChoice choose_path(const MoeGemmRsPlan& p, const MachineModel& m, OpPath requested);
 PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const MoeGemmRsPlan& l1,
                           const MachineModel& m1, OpPath requested);
+// Layer 0 on one GPU (cuda::MoeLayer's MoePath::kAuto): the grouped GEMM reading X's rows by index
+// (fused) against the gather pass then the contiguous GEMM (unfused), by the world-1 costs above
+// with no margin; n: the GEMM's N (F, or 2F where W1 holds gate and up), on `sms` SMs.
+PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int topk, DType dtype, int sms);
 
 // The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
 // down a different path than the others (each process of an ipc world decides alone, on the same
