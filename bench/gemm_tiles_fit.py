@@ -133,7 +133,7 @@ def main():
     best = max(((score(f, t), f, t) for f in grid for t in grid), key=lambda x: (x[0][0], x[0][1]))
     (mean, worst), f, t = best
     print(f"the plain pick, best margins: fit {f}, tall {t}: mean {mean:.4f}, min {worst:.4f}")
-    for f0, t0 in ((0.975, 0.99), (1.0, 1.0)):  # gemm.hpp's, none
+    for f0, t0 in ((0.975, 0.99), (1.0, 1.0)):
         mean, worst = score(f0, t0)
         print(f"the plain pick at fit {f0}, tall {t0}: mean {mean:.4f}, min {worst:.4f}")
 

@@ -2,8 +2,8 @@
 # The GEMM engine's tiles on one GPU, in one go: gpu_test_gemm, then `tilelink bench gemm --plain
 # --csv` over tensor-parallel shard shapes (M 2048, 4096, 8192 x 15 (N, K)) and the shapes that
 # trail cuBLAS, once for each tile (the hooked widths 256, 192, 160, 128 and the plain engine's
-# 128x176 and 256x160) and once for each pick (with --hooked-tiles the hooked widths', and the default, which may take the
-# plain engine's), and once through a GemmTuner (--tuned: each shape's tiles timed, the fastest run).
+# 128x176 and 256x160) and once for each pick (the hooked widths', and with --plain-tiles the plain
+# engine's), and once through a GemmTuner (--tuned: each shape's tiles timed, the fastest run).
 # bench/gemm_tiles_fit.py then fits the plain tiles' margins and compares the picks.
 # Every step bounded by `timeout`; outputs under $OUT (or out/gemm_tiles).
 #   bash bench/gemm_tiles_sweep.sh BIN_DIR [reps (20)]   (about 8 minutes on one H100 or H200)
@@ -27,8 +27,8 @@ for m in 2048 4096 8192; do
   done
 done
 bench() { step "$1" 240 "$BIN/tilelink" bench gemm --shapes "$shapes" --plain --reps "$REPS" --csv "${@:2}"; }
-bench pick_hooked --hooked-tiles
-bench pick_plain
+bench pick_hooked
+bench pick_plain --plain-tiles
 bench tuned --tuned
 bench tile_128x176 --tile-n 176
 bench tile_256x160 --tile-m 256

@@ -806,7 +806,7 @@ TEST(Sm90Gemm, PlainTilesRefuseHooks) {
 // The plain engine's pick (gemm() with tile_n and tile_m 0, plain_tiles): its own tiles where their
 // whole waves cost less than the hooked widths' (split) ones; never below kPlainTileMinRows rows,
 // never where their own last wave is at most half full, never with a start_m or row bands, never
-// where plain_tiles is cleared; the launch correct.
+// without the opt-in; the launch correct.
 TEST(Sm90Gemm, PlainPick) {
   const GemmTile fit{kTileM, kTileNFit}, tall{kTileMTall, kTileNTall};
   auto is = [](GemmTile a, GemmTile b) { return a.m == b.m && a.n == b.n; };
@@ -834,10 +834,9 @@ TEST(Sm90Gemm, PlainPick) {
     a.num_sms = std::min(132, sms);
     EXPECT_TRUE(is(gemm_pick_tile(m, n, k, 132, true), want));
     if (a.num_sms != 132) want = gemm_pick_tile(m, n, k, a.num_sms, true);
-    a.plain_tiles = false;  // opted out: the hooked widths' pick
-    EXPECT_EQ(gemm_work(a, true).tile_m, kTileM);
+    EXPECT_EQ(gemm_work(a, true).tile_m, kTileM);  // not opted in
     EXPECT_FALSE(gemm_plain_only_tile(gemm_work(a, true).tile_m, gemm_work(a, true).tile_n));
-    a.plain_tiles = true;  // the default
+    a.plain_tiles = true;
     const GemmWork w = gemm_work(a, true);
     EXPECT_TRUE(is({w.tile_m, w.tile_n}, want)) << m << "x" << n << "x" << k;
     EXPECT_EQ(gemm_tile_grid(a, true).tile_m, want.m);

@@ -37,8 +37,8 @@
 // on the CPU for each GEMM.
 // --tile-n N, --tile-m R: every launch (engine and hooks) with R x N tiles (GemmArgs::tile_n,
 // tile_m); 0, the default: the engine's pick (gemm_pick_tile), listed after the table where it is
-// not 128x256. The pick may take the plain engine's own tiles (GemmArgs::plain_tiles, the default);
-// --hooked-tiles: the hooked widths' pick only. The plain engine's own tiles (176 wide, or 256x160) run no hooks: where the engine
+// not 128x256. --plain-tiles: the engine's pick may take the plain engine's own tiles
+// (GemmArgs::plain_tiles). The plain engine's own tiles (176 wide, or 256x160) run no hooks: where the engine
 // column takes one, the hooks columns are measured against a plain launch of the hooked widths'
 // pick (the hooks' own tile), timed in the same reps; where one is named, they are "-".
 // --tuned: the engine column runs through a GemmTuner (gemm_tuner.hpp): each shape's candidate
@@ -187,7 +187,7 @@ int bench_gemm(Args& args) {
   const bool host_us = args.flag("--host-us");
   const int tile_n = static_cast<int>(args.get_int("--tile-n", 0));  // 0: the engine picks
   const int tile_m = static_cast<int>(args.get_int("--tile-m", 0));
-  const bool plain_tiles = !args.flag("--hooked-tiles");
+  const bool plain_tiles = args.flag("--plain-tiles");
   const bool tuned = args.flag("--tuned");
   const std::string kernel_name = args.get("--kernel", "auto");
   args.finish();
@@ -597,12 +597,12 @@ TILELINK_REGISTER_COMMAND(
     {"bench gemm",
      "[--shapes MxNxK,...] [--dtype bf16|fp16] [--out-dtype bf16|fp16|fp32] [--reps R] "
      "[--warmup W] [--num-sms S] [--group-m G] [--seed S] [--hot-signals] [--warm-code] "
-     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] [--hooked-tiles] [--tuned] "
+     "[--sustained-ms T] [--plain] [--no-split] [--host-us] [--tile-n 0|256|192|176|160|128] [--tile-m 0|128|256 (256: 160 wide)] [--plain-tiles] [--tuned] "
      "[--kernel auto|tile|decode] [--no-verify] [--csv]",
      "sm90 GEMM engine vs cuBLAS (TFLOP/s, ratio) and with wait/notify hooks on; verified "
      "against a float32 reference",
      &bench_gemm,
      {"--no-verify", "--csv", "--hot-signals", "--warm-code", "--plain", "--no-split",
-      "--host-us", "--hooked-tiles", "--tuned"}});
+      "--host-us", "--plain-tiles", "--tuned"}});
 
 }  // namespace tilelink::cli

@@ -173,10 +173,10 @@ struct GemmArgs {
   // Rows of the output tiles: 0 (kTileM, or what gemm()'s pick takes where tile_n is 0 too and
   // plain_tiles is set), kTileM, or kTileMTall (with tile_n kTileNTall or 0; the plain engine only).
   int tile_m = 0;
-  // Lets gemm()'s pick (tile_n and tile_m 0) take the plain engine's own tiles (gemm_pick_tile),
-  // measured on the GPU (bench/notes/gemm.md, the plain engine's tiles); false keeps the hooked
-  // widths' pick. Naming one (tile_n kTileNFit, tile_m kTileMTall) needs neither.
-  bool plain_tiles = true;
+  // Lets gemm()'s pick (tile_n and tile_m 0) take the plain engine's own tiles (gemm_pick_tile).
+  // Off by default until their margins are measured on the GPU (bench/notes/gemm.md, the plain
+  // engine's tiles); naming one (tile_n kTileNFit, tile_m kTileMTall) needs no opt-in.
+  bool plain_tiles = false;
   // A second source for a band of A's rows: rows [a_alt_row0, a_alt_row0 + a_alt_rows) of A are read
   // from a_alt (its row 0 is A's row a_alt_row0; row stride lda_alt, 0: K), the rest from a. The band
   // starts on a tile row (a multiple of kTileM) and ends on one or at M. Only launch_gemm<..., true>
