@@ -17,6 +17,9 @@
 //          expert, then moe.activate, a second loop and moe.topk_reduce as the op needs
 //   dense  the ideal bound: one dense cublasGemmEx per GEMM of the op with the same FLOPs
 //          (rows x N x K against expert 0's weights), nothing else
+//   gather (layer 0) moe.gather alone: the gather kernel that writes X in grouped order, the one
+//          pass of (a) a fused layer 0 removes. ceil = a_ms / (a_ms - gather_ms): the fus/a a fused
+//          layer 0 would reach with the gather free and the GEMM as fast as (a)'s
 // The layers (H hidden, F ffn, E experts, top-k; rows = tokens * topk grouped rows):
 //   moe_ag_gemm   layer 0: out [rows, F] = X [tokens, H] gathered · W1_eᵀ, W1 [E, F, H]
 //   moe_gemm_rs   layer 1: out [tokens, H] = the top-k reduce of H1 [rows, F] · W2_eᵀ, W2 [E, H, F]
@@ -163,14 +166,14 @@ struct CaseOptions {
 // One row of the table.
 struct CaseRow {
   int64_t rows = 0;
-  double ms[4] = {};  // fused, (a), (b), dense
+  double ms[5] = {};  // fused, (a), (b), dense, gather (layer 0; 0 without)
   double flop = 0;    // of the op's GEMMs
   double err_b = -1, err_f64 = -1;
   std::string why;   // the failures, empty when every check passed
   MoePath path{};    // the path the fused column's layer 0 took (--fused auto: the layer's choice)
 };
 
-enum { kFused, kUnfused, kLoop, kDense, kVariants };
+enum { kFused, kUnfused, kLoop, kDense, kGather, kVariants };
 
 CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_index,
                    const MoeModel& model, int64_t tokens, MoeRoutingPattern pattern) {
@@ -307,6 +310,9 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
       case kDense:
         run_dense();
         break;
+      case kGather:
+        moe.gather(x.get(), moe.xs(), stream);
+        break;
     }
   };
   row.flop = 2.0 * rows * ((has_layer0 ? n0 * hidden : 0) + (has_layer1 ? hidden * ffn : 0));
@@ -377,6 +383,7 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
   CK(cudaStreamSynchronize(stream));
   std::vector<std::vector<float>> t(kVariants);
   std::vector<int> order{kFused, kUnfused, kLoop, kDense};
+  if (has_layer0) order.push_back(kGather);
   std::mt19937 shuffle_rng(static_cast<uint32_t>(o.seed));
   for (int r = 0; r < o.warmup + o.reps; ++r) {
     std::shuffle(order.begin(), order.end(), shuffle_rng);
@@ -391,7 +398,7 @@ CaseRow bench_case(const BenchStream& ctx, const CaseOptions& o, size_t model_in
       if (r >= o.warmup) t[v].push_back(ms);
     }
   }
-  for (int v = 0; v < kVariants; ++v) row.ms[v] = median(t[v]);
+  for (int v = 0; v < kVariants; ++v) row.ms[v] = t[v].empty() ? 0.0 : median(t[v]);
 
   // ---- layer 0's spare rows, after every timed call: still poisoned ----
   if (o.check && spare_bytes > 0) {
@@ -678,7 +685,7 @@ int bench_moe(MoeBenchOp op, Args& args) {
   std::printf(
       "# device: %s, %d SMs, L2 %d MB; %s, world 1 (each expert's whole F); fused: %s; %s; reps "
       "%d, warmup %d, seed %llu; gather SMs %s; ahead waves %s; L2 flushed before every call; ms: medians; fus/a, fus/b: the "
-      "baseline's ms over fused's; check %s\n",
+      "baseline's ms over fused's; gather_ms: layer 0's gather kernel alone, ceil: a_ms / (a_ms - gather_ms); check %s\n",
       prop.name, sms, l2 >> 20, op_name(op), cuda::moe_path_name(o.fused), dname.c_str(), o.reps,
       o.warmup, (unsigned long long)o.seed,
       o.gather_sms > 0 ? std::to_string(o.gather_sms).c_str() : "default",
@@ -692,14 +699,14 @@ int bench_moe(MoeBenchOp op, Args& args) {
 
   if (csv) {
     std::printf(
-        "model,tokens,routing,rows,fused_ms,unfused_ms,loop_ms,dense_ms,fused_over_a,"
-        "fused_over_b,fused_tflops,err_b,err_f64,check,path\n");
+        "model,tokens,routing,rows,fused_ms,unfused_ms,loop_ms,dense_ms,gather_ms,fused_over_a,"
+        "ceil_over_a,fused_over_b,fused_tflops,err_b,err_f64,check,path\n");
   } else {
-    std::printf("%-13s %6s %-13s %6s | %9s %9s %9s %9s | %6s %6s | %6s | %8s %8s %5s | %s\n", "model",
-                "tokens", "routing", "rows", "fused_ms", "a_ms", "b_ms", "dense_ms", "fus/a",
-                "fus/b", "fus_TF", "err_b", "err_f64", "check", "path");
+    std::printf("%-13s %6s %-13s %6s | %9s %9s %9s %9s %9s | %6s %6s %6s | %6s | %8s %8s %5s | %s\n",
+                "model", "tokens", "routing", "rows", "fused_ms", "a_ms", "b_ms", "dense_ms", "gather_ms",
+                "fus/a", "ceil", "fus/b", "fus_TF", "err_b", "err_f64", "check", "path");
   }
-  std::vector<double> over_a, over_b;
+  std::vector<double> over_a, over_b, ceils;
   bool all_ok = true;
   for (size_t model_index : models) {
     const MoeModel& model = kMoeModels[model_index];
@@ -715,19 +722,22 @@ int bench_moe(MoeBenchOp op, Args& args) {
         over_a.push_back(ra);
         over_b.push_back(rb);
         const double tf = row.ms[kFused] > 0 ? row.flop / (row.ms[kFused] * 1e-3) / 1e12 : 0.0;
+        const double g = row.ms[kGather];
+        const double ceil = g > 0 && g < row.ms[kUnfused] ? row.ms[kUnfused] / (row.ms[kUnfused] - g) : 1.0;
+        ceils.push_back(ceil);
         auto err = [](double e) { return e >= 0 ? fmt("%.2e", e) : std::string("-"); };
         const char* check = o.check ? (ok ? "ok" : "FAIL") : "-";
         if (csv) {
-          std::printf("%s,%lld,%s,%lld,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.1f,%s,%s,%s,%s\n", model.name,
+          std::printf("%s,%lld,%s,%lld,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.3f,%.1f,%s,%s,%s,%s\n", model.name,
                       (long long)tokens, moe_routing_name(pattern), (long long)row.rows,
-                      row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], ra, rb, tf,
+                      row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], g, ra, ceil, rb, tf,
                       err(row.err_b).c_str(), err(row.err_f64).c_str(), check, cuda::moe_path_name(row.path));
         } else {
           std::printf(
-              "%-13s %6lld %-13s %6lld | %9.4f %9.4f %9.4f %9.4f | %6.3f %6.3f | %6.1f | %8s %8s "
+              "%-13s %6lld %-13s %6lld | %9.4f %9.4f %9.4f %9.4f %9.4f | %6.3f %6.3f %6.3f | %6.1f | %8s %8s "
               "%5s | %s\n",
               model.name, (long long)tokens, moe_routing_name(pattern), (long long)row.rows,
-              row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], ra, rb, tf,
+              row.ms[kFused], row.ms[kUnfused], row.ms[kLoop], row.ms[kDense], g, ra, ceil, rb, tf,
               err(row.err_b).c_str(), err(row.err_f64).c_str(), check, cuda::moe_path_name(row.path));
         }
         std::fflush(stdout);
@@ -747,6 +757,11 @@ int bench_moe(MoeBenchOp op, Args& args) {
     std::printf("# fused / (a)%s: median %.3f, min %.3f\n",
                 op == MoeBenchOp::kGemmRs ? " (the same kernels: A/A)" : "", a_med, a_min);
     std::printf("# fused / (b) per-expert cuBLAS loop: median %.3f, min %.3f\n", b_med, b_min);
+    if (op != MoeBenchOp::kGemmRs) {
+      const auto [c_med, c_min] = med_min(ceils);
+      std::printf("# ceil (a_ms / (a_ms - gather_ms), the most a fused layer 0 removes): median %.3f, min %.3f\n",
+                  c_med, c_min);
+    }
   }
   std::printf("# check %s\n", o.check ? (all_ok ? "PASSED" : "FAILED") : "skipped (--no-check)");
   return all_ok ? 0 : 1;
