@@ -349,9 +349,9 @@ TL_REGISTER_KERNELS(gather_rows_kernel, silu_mul_kernel<__nv_bfloat16>, silu_mul
                     topk_reduce_kernel<__nv_bfloat16>, topk_reduce_kernel<__half>, gather_tile_rows_kernel);
 
 // kAuto's layer 0 on one GPU: the path model's choice.
-MoePath one_gpu_layer0_path(int64_t tokens, int64_t hidden, int64_t n, int topk, DType dtype, int sms) {
-  return moe_layer0_one_gpu(tokens, hidden, n, topk, dtype, sms).path == OpPath::kFused ? MoePath::kFused
-                                                                                      : MoePath::kUnfused;
+MoePath one_gpu_layer0_path(int64_t tokens, int64_t hidden, int64_t n, int experts, int topk, DType dtype, int sms) {
+  return moe_layer0_one_gpu(tokens, hidden, n, experts, topk, dtype, sms).path == OpPath::kFused ? MoePath::kFused
+                                                                                               : MoePath::kUnfused;
 }
 
 template <class F>
@@ -381,7 +381,7 @@ MoePath MoeLayer::layer0_path(MoePath path, int64_t n) const {
   if (path != MoePath::kAuto) return path;
   if (n == ffn_) return auto_f_;
   if (n == 2 * ffn_) return auto_2f_;
-  return one_gpu_layer0_path(tokens_, hidden_, n, topk_, dtype_, sms_);
+  return one_gpu_layer0_path(tokens_, hidden_, n, experts_, topk_, dtype_, sms_);
 }
 
 MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int topk, DType dtype)
@@ -420,8 +420,8 @@ MoeLayer::MoeLayer(int64_t tokens, int64_t hidden, int64_t ffn, int experts, int
   tile_row_order_ = static_cast<int*>(alloc<int>(max_tile_rows_));
   arrival_keys_ = static_cast<uint8_t*>(alloc<uint8_t>(max_tile_rows_));
   sms_ = sm_count();
-  auto_f_ = one_gpu_layer0_path(tokens, hidden, ffn, topk, dtype, sms_);
-  auto_2f_ = one_gpu_layer0_path(tokens, hidden, 2 * ffn, topk, dtype, sms_);
+  auto_f_ = one_gpu_layer0_path(tokens, hidden, ffn, experts, topk, dtype, sms_);
+  auto_2f_ = one_gpu_layer0_path(tokens, hidden, 2 * ffn, experts, topk, dtype, sms_);
   TL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   TL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   TL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));

@@ -237,33 +237,47 @@ void check_moe_model(const MachineModel& m) {
   TL_REQUIRE(m.sms >= 1 && m.gemm_sms >= 1 && m.gemm_sms <= m.sms,
              "path model: SM counts must satisfy 1 <= gemm_sms (" << m.gemm_sms << ") <= sms (" << m.sms << ")");
   TL_REQUIRE(m.gemm_tflops > 0 && m.link_gbps > 0 && m.hbm_pass_gbps > 0 && m.moe_gathered_rate > 0 &&
-                 m.moe_grouped_share > 0,
-             "path model: rates must be positive");
+                 m.moe_gathered_rate <= 1 && m.moe_grouped_share > 0,
+             "path model: rates must be positive (moe_gathered_rate at most 1), got moe_gathered_rate "
+                 << m.moe_gathered_rate);
+  TL_REQUIRE(m.moe_tile_rows >= 1 && m.moe_gathered_margin >= 0 && m.moe_gathered_margin < 1,
+             "path model: moe_tile_rows must be positive and moe_gathered_margin in [0, 1), got "
+                 << m.moe_tile_rows << " and " << m.moe_gathered_margin);
 }
 
-// Layer 0 of `rows` grouped rows (of `tokens` tokens) x n x hidden on `world` ranks, comm_bytes in.
-MoeCost moe_layer0_cost(int64_t rows_i, int64_t tokens, int64_t hidden, int64_t n, DType dtype, int world,
-                        double comm_bytes, const MachineModel& m) {
+// The grouped GEMM's rows in whole tiles when `rows` spread evenly over the experts that get any.
+double moe_padded_rows(int64_t rows, int experts, int tile_rows) {
+  const int64_t active = std::min<int64_t>(experts, rows);
+  const int64_t per = (rows + active - 1) / active;
+  return static_cast<double>(active) * static_cast<double>((per + tile_rows - 1) / tile_rows * tile_rows);
+}
+
+// Layer 0 of `rows` grouped rows (of `tokens` tokens) x n x hidden over `experts` on `world` ranks,
+// comm_bytes in.
+MoeCost moe_layer0_cost(int64_t rows_i, int64_t tokens, int64_t hidden, int64_t n, int experts, DType dtype,
+                        int world, double comm_bytes, const MachineModel& m) {
   check_moe_model(m);
   const double rows = static_cast<double>(rows_i), h = static_cast<double>(hidden);
   const double rate = m.gemm_tflops * m.moe_grouped_share * 1e12;
-  const double t_gemm = 2 * rows * static_cast<double>(n) * h / rate * 1e6;
+  const double t_gemm = 2 * moe_padded_rows(rows_i, experts, m.moe_tile_rows) * static_cast<double>(n) * h / rate * 1e6;
+  const double t_load = (1 / m.moe_gathered_rate - 1) * 2 * rows * static_cast<double>(n) * h / rate * 1e6;
   const double t_gather = (rows + static_cast<double>(tokens)) * h * dtype_size(dtype) / (m.hbm_pass_gbps * 1e9) * 1e6;
   const double t_comm = comm_bytes / (m.link_gbps * 1e9) * 1e6;
   const int tiles = 3 * (world - 1);
   MoeCost c;
   c.unfused_us = t_comm + t_gather + t_gemm;
-  c.fused_us = std::max(t_gemm * m.sms / m.gemm_sms / m.moe_gathered_rate, t_comm + tiles * m.comm_tile_us) +
+  c.fused_us = std::max((t_gemm + t_load) * m.sms / m.gemm_sms, t_comm + tiles * m.comm_tile_us) +
                (world > 1 ? m.fused_overhead_us : 0.0);
   std::ostringstream os;
   os << "layer 0: gemm " << t_gemm << " us on all SMs, gather pass " << t_gather << " us, comm " << t_comm
-     << " us, gathered load at " << m.moe_gathered_rate << " of the contiguous";
+     << " us, the gathered load " << t_load << " us more (at " << m.moe_gathered_rate << " of the contiguous)";
   c.parts = os.str();
   return c;
 }
 
 MoeCost moe_layer0_cost(const MoeAgGemmPlan& p, const MachineModel& m) {
-  return moe_layer0_cost(p.rows(), p.tokens(), p.hidden, p.ffn, p.dtype, p.world_size, moe_ag_gemm_comm_bytes(p), m);
+  return moe_layer0_cost(p.rows(), p.tokens(), p.hidden, p.ffn, p.experts, p.dtype, p.world_size,
+                         moe_ag_gemm_comm_bytes(p), m);
 }
 
 MoeCost moe_layer1_cost(const MoeGemmRsPlan& p, const MachineModel& m) {
@@ -285,11 +299,12 @@ MoeCost moe_layer1_cost(const MoeGemmRsPlan& p, const MachineModel& m) {
   return c;
 }
 
-// One rank: no margin (nothing overlaps; both paths are measured kernels of the same work).
+// One rank: the margin is moe_gathered_margin (nothing overlaps; both paths are measured kernels
+// of the same work, and the margin is their run-to-run spread).
 PathChoice moe_choice_of(const MoeCost& c, const MachineModel& m, int world) {
   PathChoice out;
   out.fused_us = c.fused_us, out.unfused_us = c.unfused_us;
-  const double margin = world > 1 ? m.margin : 0.0;
+  const double margin = world > 1 ? m.margin : m.moe_gathered_margin;
   out.path = c.fused_us <= c.unfused_us * (1 - margin) ? OpPath::kFused : OpPath::kUnfused;
   std::ostringstream os;
   os << "predicted fused " << c.fused_us << " us vs unfused " << c.unfused_us << " us (" << c.parts << ")";
@@ -328,14 +343,15 @@ PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const
   return moe_choice_of(both, m0, l0.world_size);
 }
 
-PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int topk, DType dtype, int sms) {
-  TL_REQUIRE(tokens >= 1 && hidden >= 1 && n >= 1 && topk >= 1 && sms >= 1,
-             "path model: MoE layer 0 on one GPU needs positive sizes, got tokens " << tokens << ", hidden " << hidden
-                                                                               << ", n " << n << ", topk " << topk
-                                                                               << ", sms " << sms);
+PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int experts, int topk, DType dtype,
+                              int sms) {
+  TL_REQUIRE(tokens >= 1 && hidden >= 1 && n >= 1 && experts >= 1 && topk >= 1 && sms >= 1,
+             "path model: MoE layer 0 on one GPU needs positive sizes, got tokens "
+                 << tokens << ", hidden " << hidden << ", n " << n << ", experts " << experts << ", topk " << topk
+                 << ", sms " << sms);
   MachineModel m;
   m.sms = m.gemm_sms = sms;
-  return moe_choice_of(moe_layer0_cost(tokens * topk, tokens, hidden, n, dtype, 1, 0.0, m), m, 1);
+  return moe_choice_of(moe_layer0_cost(tokens * topk, tokens, hidden, n, experts, dtype, 1, 0.0, m), m, 1);
 }
 
 PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested) {

@@ -92,7 +92,8 @@ class MoeLayer {
            MoePath path, cudaStream_t stream);
   // The path layer 0 of N n takes for `path`: kAuto resolved by the path model on one GPU
   // (tune/path_model.hpp, moe_layer0_one_gpu: the gathered load, kFused, where the gather pass it
-  // saves outweighs its slower load, else kUnfused); the others kept.
+  // saves outweighs its slower load on the real rows by moe_gathered_margin, else kUnfused); the
+  // others kept.
   MoePath layer0_path(MoePath path, int64_t n) const;
 
   // The kernels between the GEMMs, for baselines built from other GEMMs: the gather of X into

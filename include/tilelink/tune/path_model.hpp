@@ -95,12 +95,20 @@ struct MachineModel {
   // MoE shapes) at a median 0.71 of a dense GEMM of the same FLOPs (bench/notes/moe.md).
   double moe_grouped_share = 0.71;
   // MoE layer 0: the grouped GEMM with X's rows gathered in its load path, as a share of the
-  // contiguous grouped GEMM's rate. Measured on one H200 (2026-12-05, the six MoE models at world
-  // 1, four warps of cp.async; bench/notes/moe.md): the gathered GEMM costs 17-30% more than the
-  // contiguous one where it is compute-bound, so it wins only where the gather pass it saves is
-  // larger (qwen3-30b-a3b: fused / (a) 1.10-1.22; the mixtral shapes 0.85-0.92). At 0.8 the model
-  // picks it on the shapes where it measured ahead by 10% or more and on none where it lost.
-  double moe_gathered_rate = 0.8;
+  // contiguous grouped GEMM's rate on the rows it loads (a tile's padding rows load nothing).
+  // Fit on one H200 (2026-12-05/06, the six MoE models at 2048 and 8192 tokens, world 1, four
+  // warps of cp.async; bench/notes/moe.md): the gathered GEMM costs 6-21% more than the
+  // contiguous one on its real rows, so it wins where the gather pass it saves is the larger
+  // (qwen3-30b-a3b 1.10-1.22, deepseek-moe and qwen1.5-moe at 8192 tokens 1.05-1.09) and loses on
+  // the long-K few-expert mixtral shapes (0.85-0.92).
+  double moe_gathered_rate = 0.88;
+  // World 1 has nothing to overlap, so the gathered GEMM must be predicted this much faster than
+  // the gather pass plus the contiguous GEMM: the run-to-run spread of the same kernels (A/A of
+  // (a) 0.97-1.03 on the H200), so that a coin-flip shape keeps (a).
+  double moe_gathered_margin = 0.02;
+  // The grouped GEMM's tile rows: an expert's rows run in whole tiles of this many, the last one
+  // padded (what the MMA pays for, where the gathered load pays only for the rows it loads).
+  int moe_tile_rows = 128;
   // A gather or a top-k reduce pass over HBM: bytes read and written a second. A copy kernel on one
   // H200 moves ~3 TB/s (bench prim); kept below it for the H100's 3.35 TB/s peak.
   double hbm_pass_gbps = 2500;
@@ -159,11 +167,15 @@ PathChoice choose_path(const SpAttnPlan& p, const MachineModel& m, OpPath reques
 PathChoice choose_path(const RingAttnPlan& p, const MachineModel& m, OpPath requested);
 
 // The MoE layers over ranks (ops/moe_plan.hpp), rank p.rank on a GPU of its own:
-//   layer 0  T_gemm = 2 rows F_r H / (rate * moe_grouped_share) (rows = every token's pairs);
+//   layer 0  T_gemm = 2 padded F_r H / (rate * moe_grouped_share), padded = the rows in whole tiles
+//            of moe_tile_rows per expert, routed evenly (rows = every token's pairs);
+//            T_load = (1 / moe_gathered_rate - 1) 2 rows F_r H / (rate * moe_grouped_share), what
+//            the gathered load adds on the real rows;
 //            unfused = T_comm (the peers' tokens, ids and weights) + the gather pass (X read,
 //            rows x H written) + T_gemm;
-//            fused = max(T_gemm * sms / gemm_sms / moe_gathered_rate, T_comm + 3 (W - 1) tiles)
-//            + fused_overhead_us (none at world 1, where there is nothing to move).
+//            fused = max((T_gemm + T_load) * sms / gemm_sms, T_comm + 3 (W - 1) tiles)
+//            + fused_overhead_us (none at world 1, where there is nothing to move, and the margin
+//            there is moe_gathered_margin).
 //   layer 1  T_gemm = 2 rows H F_r / (rate * moe_grouped_share), T_reduce = the top-k reduce pass
 //            (Y read, P written);
 //            unfused = T_gemm + T_reduce + T_comm (the partial's other segments out); fused =
@@ -181,7 +193,8 @@ PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const
 // Layer 0 on one GPU (cuda::MoeLayer's MoePath::kAuto): the grouped GEMM reading X's rows by index
 // (fused) against the gather pass then the contiguous GEMM (unfused), by the world-1 costs above
 // with no margin; n: the GEMM's N (F, or 2F where W1 holds gate and up), on `sms` SMs.
-PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int topk, DType dtype, int sms);
+PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int experts, int topk, DType dtype,
+                              int sms);
 
 // The path every rank takes: rank `mine`'s choice, made unfused where `auto` would send any rank
 // down a different path than the others (each process of an ipc world decides alone, on the same
