@@ -248,6 +248,7 @@ void check_moe_model(const MachineModel& m) {
 // The grouped GEMM's rows in whole tiles when `rows` spread evenly over the experts that get any.
 double moe_padded_rows(int64_t rows, int experts, int tile_rows) {
   const int64_t active = std::min<int64_t>(experts, rows);
+  if (active < 1) return 0.0;
   const int64_t per = (rows + active - 1) / active;
   return static_cast<double>(active) * static_cast<double>((per + tile_rows - 1) / tile_rows * tile_rows);
 }
