@@ -23,9 +23,9 @@
 //             The unfused pipeline's gather, hidden behind the GEMM but for its first waves.
 //   kUnfused  a gather kernel writes X in grouped order, then the grouped GEMM reads it (the
 //             pipeline of the unfused baseline)
-//   kAuto     the fastest as measured: kUnfused on one GPU (the gathered load ran at a median
-//             0.84 of the gather kernel plus the contiguous GEMM on the MoE model shapes, kOverlap
-//             at 0.28-0.89; bench/results/2026-12-04_h200_moe_grouped.md)
+//   kAuto     the path model's choice between kFused and kUnfused (layer0_path below): the
+//             gathered load where the gather pass it saves is the larger, as on qwen3-30b-a3b
+//             (bench/results/2026-12-06_h100_moe_auto_refit.md), else kUnfused
 // Layer 1 is the same two kernels in both (on one GPU there is no ReduceScatter to overlap).
 //
 //   cuda::MoeLayer moe(tokens, hidden, ffn, experts, topk, DType::kBF16);

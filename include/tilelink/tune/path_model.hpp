@@ -192,7 +192,7 @@ PathChoice moe_mlp_choice(const MoeAgGemmPlan& l0, const MachineModel& m0, const
                           const MachineModel& m1, OpPath requested);
 // Layer 0 on one GPU (cuda::MoeLayer's MoePath::kAuto): the grouped GEMM reading X's rows by index
 // (fused) against the gather pass then the contiguous GEMM (unfused), by the world-1 costs above
-// with no margin; n: the GEMM's N (F, or 2F where W1 holds gate and up), on `sms` SMs.
+// with moe_gathered_margin; n: the GEMM's N (F, or 2F where W1 holds gate and up), on `sms` SMs.
 PathChoice moe_layer0_one_gpu(int64_t tokens, int64_t hidden, int64_t n, int experts, int topk, DType dtype,
                               int sms);
 
